@@ -1,0 +1,297 @@
+//! [`CacheBuilder`]: settings, and their validation into a [`Cache`].
+
+use std::fmt;
+use std::hash::{BuildHasher, Hash};
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::cache::Cache;
+use crate::clock::{Clock, SystemClock, TimeSource};
+use crate::DefaultHashBuilder;
+
+/// Largest accepted `max_capacity`: far beyond any memory, small enough that table sizing
+/// arithmetic cannot overflow.
+pub const MAX_CAPACITY_LIMIT: u64 = 1 << 48;
+
+/// Longest accepted duration setting. A longer TTL is almost certainly a unit mistake; to
+/// keep entries forever, set no TTL.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
+/// A setting that [`CacheBuilder::build`] rejected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// A required setting was not given.
+    Missing {
+        /// The builder method that sets it.
+        setting: &'static str,
+    },
+    /// A setting's value is outside its valid range.
+    Invalid {
+        /// The builder method that set it.
+        setting: &'static str,
+        /// What the valid range is.
+        reason: &'static str,
+    },
+}
+
+impl BuildError {
+    /// The name of the builder method whose setting is at fault.
+    pub fn setting(&self) -> &'static str {
+        match self {
+            BuildError::Missing { setting } | BuildError::Invalid { setting, .. } => setting,
+        }
+    }
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BuildError::Missing { setting } => {
+                write!(f, "cache setting `{setting}` is required but was not given")
+            }
+            BuildError::Invalid { setting, reason } => {
+                write!(f, "cache setting `{setting}` is invalid: {reason}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for BuildError {}
+
+/// Builds a [`Cache`]; every setting is checked by [`build`](Self::build), so a bad one
+/// is an error there, never a panic later.
+///
+/// ```
+/// use std::time::Duration;
+/// use herdcache::Cache;
+///
+/// let cache: Cache<u64, String> = Cache::builder()
+///     .max_capacity(10_000)
+///     .time_to_live(Duration::from_secs(30))
+///     .build()?;
+/// # Ok::<(), herdcache::BuildError>(())
+/// ```
+pub struct CacheBuilder<K, V, S = DefaultHashBuilder> {
+    pub(crate) max_capacity: Option<u64>,
+    pub(crate) initial_capacity: Option<usize>,
+    pub(crate) time_to_live: Option<Duration>,
+    pub(crate) clock: Option<Arc<dyn Clock>>,
+    pub(crate) hasher: S,
+    _marker: PhantomData<fn(K, V)>,
+}
+
+impl<K, V, S> fmt::Debug for CacheBuilder<K, V, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CacheBuilder")
+            .field("max_capacity", &self.max_capacity)
+            .field("initial_capacity", &self.initial_capacity)
+            .field("time_to_live", &self.time_to_live)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K, V> Default for CacheBuilder<K, V, DefaultHashBuilder> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K, V> CacheBuilder<K, V, DefaultHashBuilder> {
+    /// A builder with no settings; `max_capacity` must be given before `build`.
+    pub fn new() -> Self {
+        CacheBuilder {
+            max_capacity: None,
+            initial_capacity: None,
+            time_to_live: None,
+            clock: None,
+            hasher: DefaultHashBuilder::default(),
+            _marker: PhantomData,
+        }
+    }
+}
+
+impl<K, V, S> CacheBuilder<K, V, S> {
+    /// The most entries the cache holds (required; 1 to [`MAX_CAPACITY_LIMIT`]).
+    ///
+    /// Concurrent inserts may exceed it briefly: each inserting thread adds its entry and
+    /// then evicts, so the count stays within `max_capacity` plus the number of threads
+    /// inserting at that moment, and returns to at most `max_capacity` once they return.
+    pub fn max_capacity(mut self, entries: u64) -> Self {
+        self.max_capacity = Some(entries);
+        self
+    }
+
+    /// Entries to size the table for up front, avoiding early resizes (optional; at most
+    /// `max_capacity`). The table grows on demand either way.
+    pub fn initial_capacity(mut self, entries: usize) -> Self {
+        self.initial_capacity = Some(entries);
+        self
+    }
+
+    /// Hard time to live: an entry is never returned once this long has passed since it was
+    /// inserted (optional; from 1 ns to [`MAX_DURATION`]). `insert_with_ttl` overrides it per
+    /// entry.
+    pub fn time_to_live(mut self, ttl: Duration) -> Self {
+        self.time_to_live = Some(ttl);
+        self
+    }
+
+    /// The clock expiry is measured with (default: [`SystemClock`]). Pass a
+    /// [`ManualClock`](crate::ManualClock) to test time-dependent behaviour without sleeping.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// The hasher for keys (default: foldhash, seeded at random per cache so that keys
+    /// chosen by an attacker cannot be aimed at one probe sequence).
+    pub fn hasher<S2: BuildHasher>(self, hasher: S2) -> CacheBuilder<K, V, S2> {
+        CacheBuilder {
+            max_capacity: self.max_capacity,
+            initial_capacity: self.initial_capacity,
+            time_to_live: self.time_to_live,
+            clock: self.clock,
+            hasher,
+            _marker: PhantomData,
+        }
+    }
+}
+
+/// Settings that passed validation.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) max_capacity: usize,
+    pub(crate) initial_capacity: usize,
+    /// Default hard TTL in nanoseconds, if any.
+    pub(crate) time_to_live: Option<u64>,
+    pub(crate) clock: TimeSource,
+}
+
+fn check_duration(setting: &'static str, d: Option<Duration>) -> Result<Option<u64>, BuildError> {
+    match d {
+        None => Ok(None),
+        Some(d) if d.is_zero() => Err(BuildError::Invalid {
+            setting,
+            reason: "must be greater than zero",
+        }),
+        Some(d) if d > MAX_DURATION => Err(BuildError::Invalid {
+            setting,
+            reason: "must be at most 100 years (set none to never expire)",
+        }),
+        Some(d) => Ok(Some(crate::clock::duration_to_nanos(d))),
+    }
+}
+
+impl<K, V, S> CacheBuilder<K, V, S>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    V: Send + Sync + 'static,
+    S: BuildHasher,
+{
+    /// Checks the settings and builds the cache.
+    ///
+    /// # Errors
+    /// [`BuildError`] naming the first setting that is missing or out of range.
+    pub fn build(self) -> Result<Cache<K, V, S>, BuildError> {
+        let settings = self.validate()?;
+        Ok(Cache::from_settings(settings, self.hasher))
+    }
+
+    pub(crate) fn validate(&self) -> Result<Settings, BuildError> {
+        let max_capacity = match self.max_capacity {
+            None => {
+                return Err(BuildError::Missing {
+                    setting: "max_capacity",
+                })
+            }
+            Some(0) => {
+                return Err(BuildError::Invalid {
+                    setting: "max_capacity",
+                    reason: "must be greater than zero",
+                })
+            }
+            Some(n) if n > MAX_CAPACITY_LIMIT => {
+                return Err(BuildError::Invalid {
+                    setting: "max_capacity",
+                    reason: "must be at most 2^48",
+                })
+            }
+            Some(n) => usize::try_from(n).map_err(|_| BuildError::Invalid {
+                setting: "max_capacity",
+                reason: "does not fit this platform's address space",
+            })?,
+        };
+        let initial_capacity = match self.initial_capacity {
+            Some(n) if n > max_capacity => {
+                return Err(BuildError::Invalid {
+                    setting: "initial_capacity",
+                    reason: "must not exceed max_capacity",
+                })
+            }
+            Some(n) => n,
+            None => max_capacity.min(64),
+        };
+        let time_to_live = check_duration("time_to_live", self.time_to_live)?;
+        let clock = match &self.clock {
+            Some(c) => TimeSource::Custom(Arc::clone(c)),
+            None => TimeSource::System(SystemClock::new()),
+        };
+        Ok(Settings {
+            max_capacity,
+            initial_capacity,
+            time_to_live,
+            clock,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn builder() -> CacheBuilder<u64, u64> {
+        CacheBuilder::new()
+    }
+
+    #[test]
+    fn every_bad_setting_is_an_error_naming_it() {
+        let cases: Vec<(CacheBuilder<u64, u64>, &str)> = vec![
+            (builder(), "max_capacity"),
+            (builder().max_capacity(0), "max_capacity"),
+            (
+                builder().max_capacity(MAX_CAPACITY_LIMIT + 1),
+                "max_capacity",
+            ),
+            (
+                builder().max_capacity(10).initial_capacity(11),
+                "initial_capacity",
+            ),
+            (
+                builder().max_capacity(10).time_to_live(Duration::ZERO),
+                "time_to_live",
+            ),
+            (
+                builder().max_capacity(10).time_to_live(Duration::MAX),
+                "time_to_live",
+            ),
+        ];
+        for (b, setting) in cases {
+            let err = b.build().expect_err(setting);
+            assert_eq!(err.setting(), setting);
+            assert!(err.to_string().contains(setting), "{err}");
+        }
+    }
+
+    #[test]
+    fn limits_themselves_are_accepted() {
+        assert!(builder().max_capacity(MAX_CAPACITY_LIMIT).build().is_ok());
+        assert!(builder()
+            .max_capacity(1)
+            .time_to_live(MAX_DURATION)
+            .build()
+            .is_ok());
+    }
+}

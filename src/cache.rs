@@ -1,0 +1,357 @@
+//! [`Cache`]: the public API, thin over the table, the policy and the per-thread context.
+
+use std::borrow::Borrow;
+use std::cell::Cell;
+use std::fmt;
+use std::hash::{BuildHasher, Hash};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_epoch::Owned;
+
+use crate::builder::{CacheBuilder, Settings};
+use crate::clock::{duration_to_nanos, TimeSource};
+use crate::entry::{Entry, NEVER};
+use crate::local::{Domain, Pinned};
+use crate::policy::{EvictionPolicy, FrequencyClock};
+use crate::stats::{Counter, Stats};
+use crate::table::{Node, Table};
+use crate::DefaultHashBuilder;
+
+/// Victims tried per insert before giving up on getting back under capacity (the next
+/// insert tries again); reached only when other threads keep removing the chosen victims.
+const EVICTION_ATTEMPTS: usize = 64;
+
+/// A bounded, lock-free, concurrent cache.
+///
+/// Cloning is cheap (an `Arc` clone) and every clone is the same cache. See the
+/// [crate documentation](crate) for a guide.
+pub struct Cache<K, V, S = DefaultHashBuilder> {
+    inner: Arc<Inner<K, V, S>>,
+}
+
+struct Inner<K, V, S> {
+    table: Table<K, Entry<V>>,
+    policy: FrequencyClock,
+    hasher: S,
+    clock: TimeSource,
+    max_capacity: usize,
+    time_to_live: Option<u64>,
+    // Dropped last: dropping the domain frees this thread's handle, letting the collector
+    // run the destructors of the entries retired above.
+    domain: Domain,
+}
+
+impl<K, V, S> Clone for Cache<K, V, S> {
+    fn clone(&self) -> Self {
+        Cache {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<K, V, S> fmt::Debug for Cache<K, V, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cache")
+            .field("entry_count", &self.inner.table.len())
+            .field("max_capacity", &self.inner.max_capacity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K, V> Cache<K, V, DefaultHashBuilder>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    V: Send + Sync + 'static,
+{
+    /// A builder; `max_capacity` is the one required setting.
+    ///
+    /// ```
+    /// let cache: herdcache::Cache<String, u64> =
+    ///     herdcache::Cache::builder().max_capacity(1_000).build()?;
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    pub fn builder() -> CacheBuilder<K, V, DefaultHashBuilder> {
+        CacheBuilder::new()
+    }
+}
+
+impl<K, V, S> Cache<K, V, S>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    V: Send + Sync + 'static,
+    S: BuildHasher,
+{
+    pub(crate) fn from_settings(settings: Settings, hasher: S) -> Self {
+        Cache {
+            inner: Arc::new(Inner {
+                table: Table::with_capacity(settings.initial_capacity),
+                policy: FrequencyClock::default(),
+                hasher,
+                clock: settings.clock,
+                max_capacity: settings.max_capacity,
+                time_to_live: settings.time_to_live,
+                domain: Domain::new(),
+            }),
+        }
+    }
+
+    /// The value for `key`, cloned, if the cache holds one that has not expired.
+    ///
+    /// Takes no lock and, once the entry is hot, writes no shared memory. For values that are
+    /// expensive to clone, hold an `Arc<T>` or use [`pin`](Self::pin) to borrow instead.
+    ///
+    /// ```
+    /// let cache = herdcache::Cache::builder().max_capacity(10).build()?;
+    /// cache.insert("k".to_string(), 7);
+    /// assert_eq!(cache.get("k"), Some(7)); // lookups by `&str` for `String` keys
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    #[inline]
+    pub fn get<Q>(&self, key: &Q) -> Option<V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+        V: Clone,
+    {
+        let pinned = self.inner.domain.pin();
+        self.lookup(key, &pinned).map(|e| e.value.clone())
+    }
+
+    /// Whether the cache holds an unexpired value for `key` (counts as a lookup).
+    pub fn contains_key<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let pinned = self.inner.domain.pin();
+        self.lookup(key, &pinned).is_some()
+    }
+
+    /// Pins the cache for a series of reads that borrow values instead of cloning them.
+    ///
+    /// While the guard lives, entries removed from the cache are not freed (on any thread),
+    /// so keep it for a batch of reads, not indefinitely.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// let cache = herdcache::Cache::builder().max_capacity(10).build()?;
+    /// cache.insert(1, Arc::new(String::from("one")));
+    /// let guard = cache.pin();
+    /// let v: Option<&Arc<String>> = guard.get(&1); // no refcount bump
+    /// assert_eq!(v.map(|s| s.as_str()), Some("one"));
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    pub fn pin(&self) -> CacheGuard<'_, K, V, S> {
+        CacheGuard {
+            cache: self,
+            pinned: self.inner.domain.pin(),
+        }
+    }
+
+    /// Inserts `value` for `key`, replacing any previous value, with the cache's
+    /// `time_to_live` (if one is set). May evict other entries to stay within capacity.
+    pub fn insert(&self, key: K, value: V) {
+        let pinned = self.inner.domain.pin();
+        let expires_at = match self.inner.time_to_live {
+            Some(ttl) => self.now().saturating_add(ttl),
+            None => NEVER,
+        };
+        self.insert_entry(key, value, expires_at, &pinned);
+    }
+
+    /// Inserts `value` for `key` with its own time to live, overriding the cache's.
+    ///
+    /// A zero `ttl` stores an entry that is already expired (it is never returned); a `ttl`
+    /// too long to represent means the entry never expires.
+    pub fn insert_with_ttl(&self, key: K, value: V, ttl: Duration) {
+        let pinned = self.inner.domain.pin();
+        let expires_at = self.now().saturating_add(duration_to_nanos(ttl));
+        self.insert_entry(key, value, expires_at, &pinned);
+    }
+
+    /// Removes `key`'s entry. Returns whether it held a value that [`get`](Self::get) would
+    /// have returned (an expired entry is removed too, but returns false).
+    pub fn invalidate<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let pinned = self.inner.domain.pin();
+        let hash = self.inner.hasher.hash_one(key);
+        match self
+            .inner
+            .table
+            .remove(hash, |k| k.borrow() == key, &pinned.guard)
+        {
+            Some(node) => self.count_removal(&node.value, Counter::Invalidations, &pinned),
+            None => false,
+        }
+    }
+
+    /// Removes every entry. Entries inserted while this runs may or may not survive it.
+    pub fn invalidate_all(&self) {
+        let pinned = self.inner.domain.pin();
+        for node in self.inner.table.iter(&pinned.guard) {
+            if self.inner.table.remove_node(node, &pinned.guard) {
+                self.count_removal(&node.value, Counter::Invalidations, &pinned);
+            }
+        }
+    }
+
+    /// Entries held, including expired ones not yet removed (exact when no write is in
+    /// progress).
+    pub fn entry_count(&self) -> u64 {
+        self.inner.table.len() as u64
+    }
+
+    /// The capacity the cache was built with.
+    pub fn max_capacity(&self) -> u64 {
+        self.inner.max_capacity as u64
+    }
+
+    /// A snapshot of the counters (summed over threads; see [`Stats`]).
+    pub fn stats(&self) -> Stats {
+        self.inner.domain.counters().snapshot()
+    }
+
+    #[inline]
+    fn now(&self) -> u64 {
+        self.inner.clock.now_nanos()
+    }
+
+    /// Finds a live entry, counting the hit or miss and removing an expired entry found.
+    #[inline]
+    fn lookup<'g, Q>(&self, key: &Q, pinned: &'g Pinned<'_>) -> Option<&'g Entry<V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.inner.hasher.hash_one(key);
+        let Some(node) = self
+            .inner
+            .table
+            .get(hash, |k| k.borrow() == key, &pinned.guard)
+        else {
+            pinned.count(Counter::Misses);
+            return None;
+        };
+        let entry = &node.value;
+        if entry.expires() && entry.is_expired_at(self.now()) {
+            pinned.count(Counter::Misses);
+            self.remove_expired(node, pinned);
+            return None;
+        }
+        self.inner.policy.on_hit(&entry.policy);
+        pinned.count(Counter::Hits);
+        Some(entry)
+    }
+
+    #[cold]
+    fn remove_expired(&self, node: &Node<K, Entry<V>>, pinned: &Pinned<'_>) {
+        if self.inner.table.remove_node(node, &pinned.guard) {
+            pinned.count(Counter::Expirations);
+        }
+    }
+
+    /// Counts a removed entry as `live_kind` if it was live, else as an expiration; returns
+    /// whether it was live.
+    fn count_removal(&self, entry: &Entry<V>, live_kind: Counter, pinned: &Pinned<'_>) -> bool {
+        let live = !(entry.expires() && entry.is_expired_at(self.now()));
+        pinned.count(if live {
+            live_kind
+        } else {
+            Counter::Expirations
+        });
+        live
+    }
+
+    fn insert_entry(&self, key: K, value: V, expires_at: u64, pinned: &Pinned<'_>) {
+        let hash = self.inner.hasher.hash_one(&key);
+        let node = Owned::new(Node::new(hash, key, Entry::new(value, expires_at)));
+        let key_ptr: *const K = &node.key;
+        let replaced = self.inner.table.insert(
+            node,
+            // SAFETY: `key_ptr` points into the node's heap allocation, which does not move
+            // when the `Owned` does. While `insert` runs the node is either still ours
+            // (handed back and forth across CAS retries) or published, and then it is freed
+            // only after our guard unpins. `insert` calls this only before it returns.
+            |k| k == unsafe { &*key_ptr },
+            &pinned.guard,
+        );
+        match replaced {
+            None => pinned.count(Counter::Inserts),
+            Some(_) => pinned.count(Counter::Updates),
+        }
+        if self.inner.table.len() > self.inner.max_capacity {
+            self.evict_overflow(pinned);
+        }
+    }
+
+    /// Evicts until the cache is back within capacity (see `max_capacity` for the bound).
+    #[cold]
+    fn evict_overflow(&self, pinned: &Pinned<'_>) {
+        let now = Cell::new(None);
+        let expired = |e: &Entry<V>| {
+            e.expires() && e.is_expired_at(*now.get().get_or_insert_with(|| self.now()))
+        };
+        for _ in 0..EVICTION_ATTEMPTS {
+            if self.inner.table.len() <= self.inner.max_capacity {
+                return;
+            }
+            let table = &self.inner.table;
+            let Some(victim) = self.inner.policy.victim(table, &expired, &pinned.guard) else {
+                return;
+            };
+            let kind = if expired(&victim.value) {
+                Counter::Expirations
+            } else {
+                Counter::Evictions
+            };
+            if table.remove_node(victim, &pinned.guard) {
+                pinned.count(kind);
+            }
+        }
+    }
+}
+
+/// A pinned view of a [`Cache`] for reads that borrow values, from [`Cache::pin`].
+///
+/// It cannot be sent to another thread; while it lives, no entry removed from the cache is
+/// freed.
+pub struct CacheGuard<'a, K, V, S = DefaultHashBuilder> {
+    cache: &'a Cache<K, V, S>,
+    pinned: Pinned<'a>,
+}
+
+impl<K, V, S> fmt::Debug for CacheGuard<'_, K, V, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CacheGuard").finish_non_exhaustive()
+    }
+}
+
+impl<K, V, S> CacheGuard<'_, K, V, S>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    V: Send + Sync + 'static,
+    S: BuildHasher,
+{
+    /// The value for `key`, borrowed for as long as the guard lives.
+    #[inline]
+    pub fn get<Q>(&self, key: &Q) -> Option<&V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.cache.lookup(key, &self.pinned).map(|e| &e.value)
+    }
+
+    /// Whether the cache holds an unexpired value for `key`.
+    pub fn contains_key<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.get(key).is_some()
+    }
+}

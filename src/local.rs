@@ -1,0 +1,163 @@
+//! Per-thread state for each cache: an epoch handle on the cache's private collector and the
+//! thread's counter block, found through one thread-local lookup on every operation.
+//!
+//! crossbeam-epoch pins through a `LocalHandle` registered with a collector; registering is
+//! far too slow for every read, so each thread keeps its handles in a small thread-local list,
+//! most recently used first. An entry whose cache has been dropped is pruned the next time the
+//! thread misses in the list (and at thread exit); the cache's drop removes the dropping
+//! thread's own entry at once, so single-threaded use frees all retired entries on drop.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use crossbeam_epoch::{Collector, Guard, LocalHandle};
+
+use crate::stats::{Counter, CounterBlock, CounterRegistry};
+
+/// Identity and shared state of one cache's reclamation domain.
+#[derive(Debug)]
+pub(crate) struct Domain {
+    id: u64,
+    collector: Collector,
+    counters: CounterRegistry,
+    alive: Arc<()>,
+}
+
+struct Local {
+    id: u64,
+    handle: LocalHandle,
+    block: Arc<CounterBlock>,
+    alive: Weak<()>,
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        self.block.release();
+    }
+}
+
+thread_local! {
+    static LOCALS: RefCell<Vec<Local>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A pinned epoch plus where this thread's counters go, for one operation.
+pub(crate) struct Pinned<'a> {
+    pub(crate) guard: Guard,
+    counters: &'a CounterBlock,
+    owned: bool,
+}
+
+impl Pinned<'_> {
+    /// Counts one event of kind `c`.
+    #[inline]
+    pub(crate) fn count(&self, c: Counter) {
+        if self.owned {
+            self.counters.bump_owned(c);
+        } else {
+            self.counters.bump_shared(c);
+        }
+    }
+}
+
+impl Domain {
+    pub(crate) fn new() -> Self {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        Domain {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            collector: Collector::new(),
+            counters: CounterRegistry::new(),
+            alive: Arc::new(()),
+        }
+    }
+
+    pub(crate) fn counters(&self) -> &CounterRegistry {
+        &self.counters
+    }
+
+    /// Pins this cache's epoch on the calling thread.
+    #[inline]
+    pub(crate) fn pin(&self) -> Pinned<'_> {
+        let fast = LOCALS.try_with(|locals| {
+            let locals = locals.try_borrow().ok()?;
+            let local = locals.first().filter(|l| l.id == self.id)?;
+            Some((local.handle.pin(), Arc::as_ptr(&local.block)))
+        });
+        match fast {
+            Ok(Some((guard, block))) => Pinned {
+                guard,
+                // SAFETY: `self.counters` holds an `Arc` to every block it handed out, so
+                // the block lives at least as long as `&self`.
+                counters: unsafe { &*block },
+                owned: true,
+            },
+            _ => self.pin_slow(),
+        }
+    }
+
+    #[cold]
+    fn pin_slow(&self) -> Pinned<'_> {
+        let registered = LOCALS.try_with(|locals| {
+            let mut list = locals.try_borrow_mut().ok()?;
+            // Pruned entries are dropped after the borrow ends: dropping a handle may run
+            // deferred destructors, which are user code that may use a cache.
+            let mut dead = Vec::new();
+            let mut i = 0;
+            while i < list.len() {
+                if list[i].alive.strong_count() == 0 {
+                    dead.push(list.swap_remove(i));
+                } else {
+                    i += 1;
+                }
+            }
+            match list.iter().position(|l| l.id == self.id) {
+                Some(pos) => list.swap(0, pos),
+                None => {
+                    let local = Local {
+                        id: self.id,
+                        handle: self.collector.register(),
+                        block: self.counters.claim(),
+                        alive: Arc::downgrade(&self.alive),
+                    };
+                    list.insert(0, local);
+                }
+            }
+            let out = (list[0].handle.pin(), Arc::as_ptr(&list[0].block));
+            drop(list);
+            drop(dead);
+            Some(out)
+        });
+        match registered {
+            Ok(Some((guard, block))) => Pinned {
+                guard,
+                // SAFETY: as in `pin`.
+                counters: unsafe { &*block },
+                owned: true,
+            },
+            // Thread-local storage is being torn down, or we were called re-entrantly from
+            // a destructor run inside the slow path: use a one-off handle (the guard keeps
+            // its registration alive until it unpins) and the shared counters.
+            _ => Pinned {
+                guard: self.collector.register().pin(),
+                counters: self.counters.shared(),
+                owned: false,
+            },
+        }
+    }
+}
+
+impl Drop for Domain {
+    fn drop(&mut self) {
+        let id = self.id;
+        let mine = LOCALS
+            .try_with(|locals| {
+                let mut list = locals.try_borrow_mut().ok()?;
+                let pos = list.iter().position(|l| l.id == id)?;
+                Some(list.swap_remove(pos))
+            })
+            .ok()
+            .flatten();
+        // Dropped outside the borrow, for the reason given in `pin_slow`.
+        drop(mine);
+    }
+}

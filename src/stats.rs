@@ -1,0 +1,237 @@
+//! Statistics: per-thread counter blocks summed on demand.
+//!
+//! A hit must not write a cache line that another core writes, so each thread that uses a
+//! cache owns one block of counters (claimed on its first use of the cache, released when the
+//! thread exits, and reused by a later thread). The owner bumps its counters with a plain
+//! load and store, which compiles to an ordinary increment; [`Cache::stats`] sums the blocks.
+//! A shared block, bumped with `fetch_add`, serves the rare calls made while a thread's local
+//! storage is being torn down.
+//!
+//! Counters are statistics, not synchronisation: all accesses are Relaxed, and a snapshot
+//! taken while other threads run is a sum of slightly different instants.
+//!
+//! [`Cache::stats`]: crate::Cache::stats
+
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crossbeam_utils::CachePadded;
+
+/// What each counter counts; the index into a [`CounterBlock`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub(crate) enum Counter {
+    Hits,
+    Misses,
+    Inserts,
+    Updates,
+    Invalidations,
+    Evictions,
+    Expirations,
+}
+
+const COUNTERS: usize = Counter::Expirations as usize + 1;
+
+/// A snapshot of a cache's counters, from [`Cache::stats`](crate::Cache::stats).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Lookups that found a live value.
+    pub hits: u64,
+    /// Lookups that found nothing, or only an expired entry.
+    pub misses: u64,
+    /// Inserts of a key that had no entry.
+    pub inserts: u64,
+    /// Inserts that replaced a key's entry.
+    pub updates: u64,
+    /// Entries removed by `invalidate` or `invalidate_all`.
+    pub invalidations: u64,
+    /// Entries removed to keep the cache within its capacity.
+    pub evictions: u64,
+    /// Expired entries removed (when read, or chosen by the eviction sweep).
+    pub expirations: u64,
+}
+
+impl Stats {
+    /// Lookups in total (`hits + misses`).
+    pub fn requests(&self) -> u64 {
+        self.hits.saturating_add(self.misses)
+    }
+
+    /// `hits / requests`, or 1.0 when there was no request.
+    pub fn hit_ratio(&self) -> f64 {
+        match self.requests() {
+            0 => 1.0,
+            n => self.hits as f64 / n as f64,
+        }
+    }
+}
+
+/// One thread's counters, on cache lines of their own.
+#[derive(Debug, Default)]
+pub(crate) struct CounterBlock {
+    counts: CachePadded<[AtomicU64; COUNTERS]>,
+    in_use: AtomicBool,
+}
+
+impl CounterBlock {
+    /// Adds one; only the block's owning thread may call this (no other thread writes it).
+    #[inline]
+    pub(crate) fn bump_owned(&self, c: Counter) {
+        let a = &self.counts[c as usize];
+        a.store(a.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+    }
+
+    /// Adds one from any thread.
+    #[inline]
+    pub(crate) fn bump_shared(&self, c: Counter) {
+        self.counts[c as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Gives the block back for a later thread to claim. Release: the next owner's Acquire
+    /// claim sees our last counts, so its plain increments continue from them.
+    pub(crate) fn release(&self) {
+        self.in_use.store(false, Ordering::Release);
+    }
+
+    fn try_claim(&self) -> bool {
+        self.in_use
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+}
+
+struct Link {
+    block: Arc<CounterBlock>,
+    next: *mut Link,
+}
+
+/// All counter blocks of one cache: an append-only lock-free list (blocks are reused, never
+/// unlinked, so there is no ABA and no reclamation until the registry drops).
+pub(crate) struct CounterRegistry {
+    head: AtomicPtr<Link>,
+    shared: CounterBlock,
+}
+
+// SAFETY: links are only appended (published with Release, read with Acquire) and freed in
+// `drop`, which has exclusive access; blocks themselves are made of atomics.
+unsafe impl Send for CounterRegistry {}
+// SAFETY: as above.
+unsafe impl Sync for CounterRegistry {}
+
+impl std::fmt::Debug for CounterRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CounterRegistry").finish_non_exhaustive()
+    }
+}
+
+impl CounterRegistry {
+    pub(crate) fn new() -> Self {
+        CounterRegistry {
+            head: AtomicPtr::new(ptr::null_mut()),
+            shared: CounterBlock::default(),
+        }
+    }
+
+    /// The block for calls that cannot use a thread's own (see the module docs).
+    pub(crate) fn shared(&self) -> &CounterBlock {
+        &self.shared
+    }
+
+    /// A block for the calling thread: a released one if any, else a new one.
+    pub(crate) fn claim(&self) -> Arc<CounterBlock> {
+        for block in self.blocks() {
+            if block.try_claim() {
+                return Arc::clone(block);
+            }
+        }
+        let block = Arc::new(CounterBlock::default());
+        block.in_use.store(true, Ordering::Relaxed);
+        let link = Box::into_raw(Box::new(Link {
+            block: Arc::clone(&block),
+            next: ptr::null_mut(),
+        }));
+        let mut head = self.head.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: `link` is ours until the CAS below publishes it.
+            unsafe { (*link).next = head };
+            // Release publishes the link's fields to `blocks()` readers (Acquire).
+            match self
+                .head
+                .compare_exchange_weak(head, link, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => return block,
+                Err(h) => head = h,
+            }
+        }
+    }
+
+    fn blocks(&self) -> impl Iterator<Item = &Arc<CounterBlock>> {
+        let mut p = self.head.load(Ordering::Acquire);
+        std::iter::from_fn(move || {
+            // SAFETY: published links are never freed before the registry drops, and their
+            // fields were written before publication (Release/Acquire on `head`).
+            let link = unsafe { p.as_ref() }?;
+            p = link.next;
+            Some(&link.block)
+        })
+    }
+
+    /// Sums every block.
+    pub(crate) fn snapshot(&self) -> Stats {
+        let mut sum = [0u64; COUNTERS];
+        for block in self
+            .blocks()
+            .map(|b| &**b)
+            .chain(std::iter::once(&self.shared))
+        {
+            for (s, c) in sum.iter_mut().zip(block.counts.iter()) {
+                *s = s.wrapping_add(c.load(Ordering::Relaxed));
+            }
+        }
+        let get = |c: Counter| sum[c as usize];
+        Stats {
+            hits: get(Counter::Hits),
+            misses: get(Counter::Misses),
+            inserts: get(Counter::Inserts),
+            updates: get(Counter::Updates),
+            invalidations: get(Counter::Invalidations),
+            evictions: get(Counter::Evictions),
+            expirations: get(Counter::Expirations),
+        }
+    }
+}
+
+impl Drop for CounterRegistry {
+    fn drop(&mut self) {
+        let mut p = *self.head.get_mut();
+        while !p.is_null() {
+            // SAFETY: exclusive access; each link was made by `Box::into_raw` and is freed once.
+            let link = unsafe { Box::from_raw(p) };
+            p = link.next;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn released_blocks_are_reused_and_keep_their_counts() {
+        let reg = CounterRegistry::new();
+        let a = reg.claim();
+        a.bump_owned(Counter::Hits);
+        a.release();
+        let b = reg.claim();
+        assert!(Arc::ptr_eq(&a, &b));
+        b.bump_owned(Counter::Hits);
+        let c = reg.claim();
+        assert!(!Arc::ptr_eq(&b, &c));
+        reg.shared().bump_shared(Counter::Misses);
+        let s = reg.snapshot();
+        assert_eq!((s.hits, s.misses), (2, 1));
+        assert!((s.hit_ratio() - 2.0 / 3.0).abs() < 1e-12);
+    }
+}

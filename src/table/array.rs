@@ -1,0 +1,136 @@
+//! One allocation of slots: tag bytes, slot pointers, and the state of a migration out of it.
+
+use crossbeam_epoch::{Atomic, Guard, Shared};
+
+use super::node::{Node, SlotBits, TAG_EMPTY};
+use crate::sync::{AtomicU8, AtomicUsize, Ordering};
+
+/// Slots copied per claim during a migration: large enough that claiming is rare, small
+/// enough that a writer waiting for the migration to finish waits for little work.
+pub(crate) const COPY_CHUNK: usize = 64;
+
+/// Smallest array, in slots.
+pub(crate) const MIN_SLOTS: usize = 16;
+
+/// A fixed-size array of slots. Arrays are linked by `next` while a migration (a resize or a
+/// same-size rehash that drops tombstones) is in progress.
+pub(crate) struct SlotArray<K, V> {
+    pub(crate) mask: usize,
+    /// One byte per slot, see [`super::node::tag_of`]; written once, after the slot's claim.
+    pub(crate) tags: Box<[AtomicU8]>,
+    pub(crate) slots: Box<[Atomic<Node<K, V>>]>,
+    /// Slots ever claimed in this array (live entries plus tombstones): the load factor.
+    pub(crate) claimed: AtomicUsize,
+    /// The array this one migrates into, once a migration has started.
+    pub(crate) next: Atomic<SlotArray<K, V>>,
+    /// Next chunk of slots to copy, claimed by `fetch_add`.
+    pub(crate) copy_cursor: AtomicUsize,
+    /// Slots whose copy has finished; the migration is complete when it equals `len()`.
+    pub(crate) copied: AtomicUsize,
+}
+
+impl<K, V> SlotArray<K, V> {
+    /// An empty array with `slots` slots (a power of two, at least [`MIN_SLOTS`]).
+    pub(crate) fn new(slots: usize) -> Self {
+        debug_assert!(slots.is_power_of_two() && slots >= MIN_SLOTS);
+        SlotArray {
+            mask: slots - 1,
+            tags: (0..slots).map(|_| AtomicU8::new(TAG_EMPTY)).collect(),
+            slots: (0..slots).map(|_| Atomic::null()).collect(),
+            claimed: AtomicUsize::new(0),
+            next: Atomic::null(),
+            copy_cursor: AtomicUsize::new(0),
+            copied: AtomicUsize::new(0),
+        }
+    }
+
+    /// Number of slots.
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.mask + 1
+    }
+
+    /// Claimed slots at which a writer stops claiming and starts a migration (3/4 full).
+    #[inline]
+    pub(crate) fn claim_limit(&self) -> usize {
+        self.len() - self.len() / 4
+    }
+
+    /// Array size that holds `live` entries at a load factor of at most 1/2, with head room for
+    /// the writers that race the start of a migration.
+    pub(crate) fn size_for(live: usize) -> usize {
+        let want = live.saturating_add(live / 4).saturating_add(64);
+        want.saturating_mul(2)
+            .checked_next_power_of_two()
+            .unwrap_or(1 << (usize::BITS - 1))
+            .max(MIN_SLOTS)
+    }
+
+    /// Whether every slot of this array has been copied into `next`.
+    ///
+    /// Acquire: pairs with the Release `fetch_add` of every copier, so a thread that sees the
+    /// migration complete sees every copied node in the next array.
+    #[inline]
+    pub(crate) fn migration_complete(&self) -> bool {
+        self.copied.load(Ordering::Acquire) == self.len()
+    }
+
+    /// The next array, if a migration has started and finished.
+    #[inline]
+    pub(crate) fn completed_next<'g>(&self, guard: &'g Guard) -> Option<Shared<'g, Self>> {
+        let next = self.next.load(Ordering::Acquire, guard);
+        if !next.is_null() && self.migration_complete() {
+            Some(next)
+        } else {
+            None
+        }
+    }
+
+    /// Places `node` into the first free slot of its probe sequence. Used only to copy into a
+    /// migration's target, where no key can be present twice (each source slot is copied by
+    /// exactly one chunk owner) and no writer runs until the copy is complete, so no key
+    /// comparison, and thus no user code, is needed.
+    ///
+    /// Returns false if the array is full, which the sizing in [`Self::size_for`] rules out
+    /// unless far more writers than that head room raced the start of the migration.
+    pub(crate) fn place_copy<'g>(&self, node: Shared<'g, Node<K, V>>, guard: &'g Guard) -> bool {
+        // SAFETY: the caller holds `guard` and read `node` from a live slot under it, so the
+        // node is not reclaimed before the guard is dropped.
+        let hash = unsafe { node.deref() }.hash;
+        for i in super::probe::Probe::new(hash, self.mask) {
+            if self.tags[i].load(Ordering::Relaxed) != TAG_EMPTY {
+                continue;
+            }
+            // Release publishes the node's fields to readers of the slot (they load Acquire).
+            // Failure means another copier took the slot: try the next one.
+            if self.slots[i]
+                .compare_exchange(
+                    Shared::null(),
+                    node,
+                    Ordering::Release,
+                    Ordering::Relaxed,
+                    guard,
+                )
+                .is_ok()
+            {
+                self.claimed.fetch_add(1, Ordering::Relaxed);
+                self.tags[i].store(super::node::tag_of(hash), Ordering::Release);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Live nodes whose slot is not a tombstone, for teardown. The caller must have exclusive
+    /// access (no guard needed).
+    pub(crate) fn for_each_live_exclusive(&mut self, mut f: impl FnMut(*mut Node<K, V>)) {
+        for slot in self.slots.iter() {
+            // SAFETY: exclusive access (`&mut self`): no other thread can change or free the
+            // slot, so an unprotected load is sound.
+            let p = slot.load(Ordering::Relaxed, unsafe { crossbeam_epoch::unprotected() });
+            if !p.is_null() && p.tag() & SlotBits::TOMBSTONE == 0 {
+                f(p.as_raw() as *mut Node<K, V>);
+            }
+        }
+    }
+}

@@ -1,0 +1,560 @@
+//! The lock-free hashed table under the cache.
+//!
+//! Open addressing over an array of epoch-protected slot pointers, each with a tag byte, in
+//! the manner of papaya. The table knows nothing of expiry or eviction: it is a concurrent map
+//! from `K` to `V` whose operations all run under a caller-supplied crossbeam-epoch [`Guard`]
+//! of the caller's collector, and whose replaced or removed nodes are retired on that guard.
+//!
+//! # Consistency
+//! - A slot only moves forward: empty, live (replaced in place by nodes of the same key),
+//!   tombstone, and finally frozen by a migration. A slot is claimed by one key for the life
+//!   of its array; tombstones are never reused in place, only dropped by a migration.
+//! - Insertion claims the first empty slot of the key's probe sequence, and lookups stop at
+//!   the first empty slot. Because slots never return to empty, a key has at most one live
+//!   slot per array and a lookup that stops at an empty slot did not miss it.
+//! - Migration (grow, shrink, or same-size rehash to drop tombstones): a writer that finds the
+//!   array too full allocates the next array and links it; every writer that sees the link
+//!   helps copy chunks of slots (freezing each slot first) and waits until the copy is
+//!   complete before writing to the next array. Readers never wait: a frozen slot still holds
+//!   a readable node, and it is the current one for its key until the copy is complete, since
+//!   no writer touches the next array before then.
+//!
+//! # Progress
+//! Lookups are wait-free apart from following completed migrations. Writes are lock-free
+//! outside migrations; during one, a writer copies chunks itself and then waits for chunks
+//! other writers have claimed (each at most [`array::COPY_CHUNK`] slot copies, which run no
+//! user code).
+
+mod array;
+mod node;
+mod probe;
+
+pub use node::Node;
+
+use std::marker::PhantomData;
+
+use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
+
+use array::{SlotArray, COPY_CHUNK};
+use node::{tag_of, SlotBits, TAG_EMPTY};
+use probe::Probe;
+
+use crate::sync::{spin_wait, AtomicUsize, Backoff, Ordering};
+
+/// What [`Table::update`] decides about the key's current node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Store the new node (insert, or replace the current one).
+    Put,
+    /// Remove the current node (only meaningful when there is one).
+    Remove,
+    /// Change nothing.
+    Keep,
+}
+
+/// What [`Table::update`] did.
+#[derive(Debug)]
+pub enum Outcome<'g, K, V> {
+    /// The key was absent; the new node is now in the table.
+    Inserted(&'g Node<K, V>),
+    /// The key's previous node (retired, still readable under the guard) was replaced by the
+    /// new node (second field).
+    Replaced(&'g Node<K, V>, &'g Node<K, V>),
+    /// The key's node (retired, still readable under the guard) was removed.
+    Removed(&'g Node<K, V>),
+    /// Nothing changed; the current node, if any, and the unused new node, if one was given.
+    Kept(Option<&'g Node<K, V>>, Option<Owned<Node<K, V>>>),
+}
+
+/// A lock-free hash table of [`Node`]s keyed by precomputed hashes.
+///
+/// All methods take the guard of one crossbeam-epoch collector; mixing collectors on one
+/// table is a logic error (nodes could be freed while another collector's guard reads them).
+pub struct Table<K, V> {
+    root: Atomic<SlotArray<K, V>>,
+    /// Live entries across the table.
+    len: AtomicUsize,
+    _marker: PhantomData<Box<Node<K, V>>>,
+}
+
+// SAFETY: the table owns its nodes (`K`, `V` move across threads when another thread drops
+// a retired node, and are shared by reference with every reader).
+unsafe impl<K: Send + Sync, V: Send + Sync> Send for Table<K, V> {}
+// SAFETY: as above; all shared mutation goes through atomics.
+unsafe impl<K: Send + Sync, V: Send + Sync> Sync for Table<K, V> {}
+
+impl<K, V> std::fmt::Debug for Table<K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table")
+            .field("len", &self.len.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K, V> Table<K, V> {
+    /// An empty table sized for about `capacity` entries before its first resize.
+    pub fn with_capacity(capacity: usize) -> Self {
+        Table {
+            root: Atomic::new(SlotArray::new(SlotArray::<K, V>::size_for(capacity) / 2)),
+            len: AtomicUsize::new(0),
+            _marker: PhantomData,
+        }
+    }
+
+    /// Live entries (exact when no write is in progress).
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether the table holds no live entry.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Number of slots of the newest array (for sweeping eviction hands and for tests).
+    pub fn slot_count(&self, guard: &Guard) -> usize {
+        self.newest(guard).len()
+    }
+
+    /// The newest array whose contents are authoritative: the root, or the target of a
+    /// completed migration out of it.
+    #[inline]
+    fn newest<'g>(&self, guard: &'g Guard) -> &'g SlotArray<K, V> {
+        let mut array = self.root.load(Ordering::Acquire, guard);
+        loop {
+            // SAFETY: arrays are retired only after being unlinked from `root` (and from every
+            // array that points to them), and we hold the guard, so the pointer is valid.
+            let a = unsafe { array.deref() };
+            match a.completed_next(guard) {
+                Some(next) => array = next,
+                None => return a,
+            }
+        }
+    }
+
+    /// Looks up the node whose hash is `hash` and whose key satisfies `eq`.
+    #[inline]
+    pub fn get<'g>(
+        &self,
+        hash: u64,
+        mut eq: impl FnMut(&K) -> bool,
+        guard: &'g Guard,
+    ) -> Option<&'g Node<K, V>> {
+        let tag = tag_of(hash);
+        let mut array = self.root.load(Ordering::Acquire, guard);
+        'arrays: loop {
+            // SAFETY: see `newest`: reachable arrays are valid under the guard.
+            let a = unsafe { array.deref() };
+            for i in Probe::new(hash, a.mask) {
+                // Acquire pairs with the Release tag store after a claim: seeing the tag
+                // means seeing the slot's claim.
+                let t = a.tags[i].load(Ordering::Acquire);
+                if t == TAG_EMPTY {
+                    break;
+                }
+                if t != tag {
+                    continue;
+                }
+                // Acquire pairs with the Release CAS that published the node.
+                let p = a.slots[i].load(Ordering::Acquire, guard);
+                // SAFETY: a non-null slot pointer is a node that is not yet reclaimed: it is
+                // retired only after being unlinked, and the guard keeps it alive since.
+                let Some(node) = (unsafe { p.as_ref() }) else {
+                    continue; // tombstone
+                };
+                if node.hash != hash || !eq(&node.key) {
+                    continue;
+                }
+                if p.tag() & SlotBits::FROZEN != 0 {
+                    if let Some(next) = a.completed_next(guard) {
+                        // Writers may have changed this key in the next array.
+                        array = next;
+                        continue 'arrays;
+                    }
+                }
+                return Some(node);
+            }
+            // Missed here; if a migration completed, writers may since have inserted the key
+            // into the next array.
+            match a.completed_next(guard) {
+                Some(next) => array = next,
+                None => return None,
+            }
+        }
+    }
+
+    /// Inserts or replaces, returning what was there.
+    pub fn insert<'g>(
+        &self,
+        node: Owned<Node<K, V>>,
+        eq: impl FnMut(&K) -> bool,
+        guard: &'g Guard,
+    ) -> Option<&'g Node<K, V>> {
+        match self.update(node.hash, eq, Some(node), |_| Decision::Put, guard) {
+            Outcome::Inserted(_) => None,
+            Outcome::Replaced(old, _) => Some(old),
+            Outcome::Removed(_) | Outcome::Kept(..) => unreachable!("Put always stores"),
+        }
+    }
+
+    /// Removes the key's node, returning it (retired, readable under the guard).
+    pub fn remove<'g>(
+        &self,
+        hash: u64,
+        eq: impl FnMut(&K) -> bool,
+        guard: &'g Guard,
+    ) -> Option<&'g Node<K, V>> {
+        let decide = |cur: Option<&Node<K, V>>| match cur {
+            Some(_) => Decision::Remove,
+            None => Decision::Keep,
+        };
+        match self.update(hash, eq, None, decide, guard) {
+            Outcome::Removed(old) => Some(old),
+            _ => None,
+        }
+    }
+
+    /// Removes `target` if it is still its key's current node. Identity is by address, which
+    /// is sound because the caller has held `guard` since it read `target` (so the address
+    /// cannot have been reused); no `Eq` of the key runs.
+    pub fn remove_node<'g>(&self, target: &'g Node<K, V>, guard: &'g Guard) -> bool {
+        let outcome = self.update(
+            target.hash,
+            |k| std::ptr::eq(k, &target.key),
+            None,
+            |cur| match cur {
+                Some(c) if std::ptr::eq(c, target) => Decision::Remove,
+                _ => Decision::Keep,
+            },
+            guard,
+        );
+        matches!(outcome, Outcome::Removed(_))
+    }
+
+    /// The general write: finds the key's current node, asks `decide` what to do with it, and
+    /// does that atomically (retrying `decide` if the slot changed under it).
+    ///
+    /// `new` is the node to store on [`Decision::Put`]; a `Put` without one is treated as
+    /// `Keep`. A replaced or removed node is retired on `guard`.
+    pub fn update<'g>(
+        &self,
+        hash: u64,
+        mut eq: impl FnMut(&K) -> bool,
+        new: Option<Owned<Node<K, V>>>,
+        mut decide: impl FnMut(Option<&'g Node<K, V>>) -> Decision,
+        guard: &'g Guard,
+    ) -> Outcome<'g, K, V> {
+        let tag = tag_of(hash);
+        let mut new = new;
+        let mut array = self.root.load(Ordering::Acquire, guard);
+        'arrays: loop {
+            // SAFETY: see `newest`.
+            let a = unsafe { array.deref() };
+            if let Some(next) = self.help_migration(array, guard) {
+                array = next;
+                continue 'arrays;
+            }
+            let mut probe = Probe::new(hash, a.mask);
+            let mut index = probe.next();
+            while let Some(i) = index {
+                let t = a.tags[i].load(Ordering::Acquire);
+                if t != TAG_EMPTY && t != tag {
+                    index = probe.next();
+                    continue;
+                }
+                let mut cur = a.slots[i].load(Ordering::Acquire, guard);
+                // Examine slot `i` until we act on it or move past it.
+                loop {
+                    if cur.tag() & SlotBits::FROZEN != 0 {
+                        self.start_or_help(array, guard);
+                        continue 'arrays;
+                    }
+                    if cur.tag() & SlotBits::TOMBSTONE != 0 {
+                        break; // claimed by a removed key; keep probing
+                    }
+                    // SAFETY: non-null untagged slot pointers are nodes kept alive by the
+                    // guard (see `get`).
+                    match unsafe { cur.as_ref() } {
+                        None => {
+                            // Empty: the key is absent from this array.
+                            if decide(None) != Decision::Put || new.is_none() {
+                                return Outcome::Kept(None, new);
+                            }
+                            if a.claimed.load(Ordering::Relaxed) >= a.claim_limit() {
+                                self.start_or_help(array, guard);
+                                continue 'arrays;
+                            }
+                            let node = new.take().expect("checked above");
+                            // Release publishes the node; Acquire on failure reads whichever
+                            // node won the slot so that we can examine it.
+                            match a.slots[i].compare_exchange(
+                                Shared::null(),
+                                node,
+                                Ordering::AcqRel,
+                                Ordering::Acquire,
+                                guard,
+                            ) {
+                                Ok(stored) => {
+                                    a.claimed.fetch_add(1, Ordering::Relaxed);
+                                    a.tags[i].store(tag, Ordering::Release);
+                                    self.len.fetch_add(1, Ordering::Relaxed);
+                                    // SAFETY: just published, kept alive by the guard.
+                                    return Outcome::Inserted(unsafe { stored.deref() });
+                                }
+                                Err(e) => {
+                                    new = Some(e.new);
+                                    cur = e.current;
+                                    continue;
+                                }
+                            }
+                        }
+                        Some(node) => {
+                            if node.hash != hash || !eq(&node.key) {
+                                break;
+                            }
+                            match decide(Some(node)) {
+                                Decision::Keep => return Outcome::Kept(Some(node), new),
+                                Decision::Put => {
+                                    let Some(replacement) = new.take() else {
+                                        return Outcome::Kept(Some(node), None);
+                                    };
+                                    // AcqRel: Release publishes the replacement; Acquire on
+                                    // failure reads the slot's new content to re-examine it.
+                                    match a.slots[i].compare_exchange(
+                                        cur,
+                                        replacement,
+                                        Ordering::AcqRel,
+                                        Ordering::Acquire,
+                                        guard,
+                                    ) {
+                                        Ok(stored) => {
+                                            // SAFETY: `cur` is now unlinked from this array,
+                                            // and no migration copied it (the slot was not
+                                            // frozen), so no other array holds it: it can be
+                                            // destroyed once current readers unpin.
+                                            unsafe { guard.defer_destroy(cur) };
+                                            // SAFETY: just published, kept alive by the guard.
+                                            return Outcome::Replaced(node, unsafe {
+                                                stored.deref()
+                                            });
+                                        }
+                                        Err(e) => {
+                                            new = Some(e.new);
+                                            cur = e.current;
+                                        }
+                                    }
+                                }
+                                Decision::Remove => {
+                                    let tomb = Shared::null().with_tag(SlotBits::TOMBSTONE);
+                                    match a.slots[i].compare_exchange(
+                                        cur,
+                                        tomb,
+                                        Ordering::AcqRel,
+                                        Ordering::Acquire,
+                                        guard,
+                                    ) {
+                                        Ok(_) => {
+                                            // SAFETY: as for a replacement above.
+                                            unsafe { guard.defer_destroy(cur) };
+                                            self.len.fetch_sub(1, Ordering::Relaxed);
+                                            return Outcome::Removed(node);
+                                        }
+                                        Err(e) => cur = e.current,
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                index = probe.next();
+            }
+            // Probed every slot without finding the key or an empty slot: the array is full
+            // of claims (possible only if writers raced past the claim limit).
+            if decide(None) != Decision::Put || new.is_none() {
+                return Outcome::Kept(None, new);
+            }
+            self.start_or_help(array, guard);
+        }
+    }
+}
+
+// Migration.
+impl<K, V> Table<K, V> {
+    /// If `array` has a migration in progress or done, helps finish it, promotes the target
+    /// to root, and returns the target; otherwise returns `None`.
+    fn help_migration<'g>(
+        &self,
+        array: Shared<'g, SlotArray<K, V>>,
+        guard: &'g Guard,
+    ) -> Option<Shared<'g, SlotArray<K, V>>> {
+        // SAFETY: see `newest`.
+        let a = unsafe { array.deref() };
+        let next = a.next.load(Ordering::Acquire, guard);
+        if next.is_null() {
+            return None;
+        }
+        // SAFETY: `next` is reachable from `a`, so valid under the guard.
+        let target = unsafe { next.deref() };
+        self.copy_chunks(a, target, guard);
+        let backoff = Backoff::new();
+        while !a.migration_complete() {
+            spin_wait(&backoff);
+        }
+        // Promote; whoever wins the CAS retires the old array. Release publishes the link so
+        // that a reader loading the root (Acquire) sees the target's contents.
+        if self
+            .root
+            .compare_exchange(array, next, Ordering::AcqRel, Ordering::Acquire, guard)
+            .is_ok()
+        {
+            // SAFETY: the old array is unreachable from root now; readers that loaded it
+            // earlier hold guards, so it is destroyed only after they unpin. Dropping an
+            // array does not drop the nodes it points to (they live on in `next`).
+            unsafe { guard.defer_destroy(array) };
+        }
+        Some(next)
+    }
+
+    /// Links a new array to `array` (sized for the live entries) unless one is linked
+    /// already, then helps the migration.
+    fn start_or_help<'g>(&self, array: Shared<'g, SlotArray<K, V>>, guard: &'g Guard) {
+        // SAFETY: see `newest`.
+        let a = unsafe { array.deref() };
+        if a.next.load(Ordering::Acquire, guard).is_null() {
+            let size = SlotArray::<K, V>::size_for(self.len());
+            let fresh = Owned::new(SlotArray::new(size));
+            // Release publishes the empty array; on failure ours is dropped, still empty.
+            let _ = a.next.compare_exchange(
+                Shared::null(),
+                fresh,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+                guard,
+            );
+        }
+        self.help_migration(array, guard);
+    }
+
+    /// Claims chunks of `from` until none is left, freezing each slot and copying its live
+    /// node into `to`.
+    fn copy_chunks(&self, from: &SlotArray<K, V>, to: &SlotArray<K, V>, guard: &Guard) {
+        let chunks = from.len().div_ceil(COPY_CHUNK);
+        loop {
+            let chunk = from.copy_cursor.fetch_add(1, Ordering::Relaxed);
+            if chunk >= chunks {
+                return;
+            }
+            let start = chunk * COPY_CHUNK;
+            let end = (start + COPY_CHUNK).min(from.len());
+            for i in start..end {
+                // AcqRel: Acquire makes the node's fields (its hash) visible to us; the
+                // freeze is ordered before our copy, so no writer can change the slot after
+                // we read it.
+                let p = from.slots[i].fetch_or(SlotBits::FROZEN, Ordering::AcqRel, guard);
+                if p.is_null() {
+                    continue; // empty or tombstone: nothing to carry over
+                }
+                if !to.place_copy(p.with_tag(0), guard) {
+                    // Unreachable with `size_for`'s head room; dropping the entry (an
+                    // eviction, for a cache) is the safe answer if it ever happens.
+                    self.len.fetch_sub(1, Ordering::Relaxed);
+                    // SAFETY: frozen in `from` and placed nowhere else, so unlinked.
+                    unsafe { guard.defer_destroy(p.with_tag(0)) };
+                }
+            }
+            // Release: publishes this chunk's copies to whoever sees the count complete.
+            from.copied.fetch_add(end - start, Ordering::Release);
+        }
+    }
+}
+
+// Iteration and slot access (weakly consistent).
+impl<K, V> Table<K, V> {
+    /// The live node in slot `index` (modulo the slot count) of the newest array, if any.
+    /// Used by eviction hands, which sweep slots rather than keys.
+    pub fn node_at<'g>(&self, index: usize, guard: &'g Guard) -> Option<&'g Node<K, V>> {
+        let a = self.newest(guard);
+        let p = a.slots[index & a.mask].load(Ordering::Acquire, guard);
+        // SAFETY: non-null slot pointers are nodes kept alive by the guard.
+        unsafe { p.as_ref() }
+    }
+
+    /// Iterates over the live nodes. Weakly consistent: every node live for the whole
+    /// iteration is yielded once; nodes inserted or removed meanwhile may or may not be.
+    pub fn iter<'g>(&self, guard: &'g Guard) -> Iter<'g, K, V> {
+        Iter {
+            array: self.newest(guard),
+            index: 0,
+            guard,
+        }
+    }
+}
+
+/// Iterator over a table's live nodes, see [`Table::iter`].
+#[derive(Debug)]
+pub struct Iter<'g, K, V> {
+    array: &'g SlotArray<K, V>,
+    index: usize,
+    guard: &'g Guard,
+}
+
+impl<K, V> std::fmt::Debug for SlotArray<K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlotArray")
+            .field("slots", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'g, K, V> Iterator for Iter<'g, K, V> {
+    type Item = &'g Node<K, V>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while self.index < self.array.len() {
+            let i = self.index;
+            self.index += 1;
+            let p = self.array.slots[i].load(Ordering::Acquire, self.guard);
+            // SAFETY: non-null slot pointers are nodes kept alive by the guard.
+            if let Some(node) = unsafe { p.as_ref() } {
+                return Some(node);
+            }
+        }
+        None
+    }
+}
+
+impl<K, V> Drop for Table<K, V> {
+    fn drop(&mut self) {
+        // SAFETY: `&mut self`: no guard of any thread can still reach this table's arrays
+        // or nodes, so they can be freed now, without the collector.
+        let guard = unsafe { crossbeam_epoch::unprotected() };
+        let mut array = self.root.load(Ordering::Relaxed, guard);
+        // Walk the chain of arrays. Every live node is in the last array when the chain's
+        // migrations are complete, which they are: a writer returns only after the migration
+        // it joined completes, and copies run no code that can unwind.
+        let mut arrays = Vec::new();
+        while !array.is_null() {
+            arrays.push(array);
+            // SAFETY: exclusive access, see above.
+            array = unsafe { array.deref() }.next.load(Ordering::Relaxed, guard);
+        }
+        if let Some(last) = arrays.last() {
+            // SAFETY: exclusive access; each live node is owned by the last array alone.
+            let last = unsafe { &mut *(last.as_raw() as *mut SlotArray<K, V>) };
+            last.for_each_live_exclusive(|node| {
+                // SAFETY: the node was allocated by `Owned` (a `Box`) and is referenced by
+                // no other live slot; this is its only release.
+                drop(unsafe { Box::from_raw(node) });
+            });
+        }
+        for array in arrays {
+            // SAFETY: each array was allocated by `Owned::new` and is freed exactly once.
+            drop(unsafe { array.into_owned() });
+        }
+    }
+}
+
+#[cfg(all(test, not(herdcache_loom)))]
+mod tests;

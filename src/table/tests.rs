@@ -1,0 +1,205 @@
+//! Unit tests of the table, small enough for Miri.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crossbeam_epoch::{Collector, Owned};
+
+use super::*;
+
+/// Small counts under Miri, which is ~1000x slower.
+const fn scaled(n: usize) -> usize {
+    if cfg!(miri) {
+        n / 20 + 4
+    } else {
+        n
+    }
+}
+
+/// A hash that makes every key collide in its top bits and clusters them, to exercise
+/// probing and tags.
+fn h(k: u64) -> u64 {
+    k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 3
+}
+
+fn put(t: &Table<u64, u64>, k: u64, v: u64, g: &Guard) -> Option<u64> {
+    t.insert(Owned::new(Node::new(h(k), k, v)), |x| *x == k, g)
+        .map(|n| n.value)
+}
+
+fn get(t: &Table<u64, u64>, k: u64, g: &Guard) -> Option<u64> {
+    t.get(h(k), |x| *x == k, g).map(|n| n.value)
+}
+
+#[test]
+fn insert_get_replace_remove() {
+    let c = Collector::new();
+    let handle = c.register();
+    let g = handle.pin();
+    let t = Table::with_capacity(4);
+    assert_eq!(get(&t, 1, &g), None);
+    assert_eq!(put(&t, 1, 10, &g), None);
+    assert_eq!(put(&t, 2, 20, &g), None);
+    assert_eq!(get(&t, 1, &g), Some(10));
+    assert_eq!(put(&t, 1, 11, &g), Some(10));
+    assert_eq!(get(&t, 1, &g), Some(11));
+    assert_eq!(t.len(), 2);
+    assert_eq!(t.remove(h(1), |x| *x == 1, &g).map(|n| n.value), Some(11));
+    assert_eq!(t.remove(h(1), |x| *x == 1, &g).map(|n| n.value), None);
+    assert_eq!(get(&t, 1, &g), None);
+    assert_eq!(get(&t, 2, &g), Some(20));
+    assert_eq!(t.len(), 1);
+    // A removed key can come back.
+    assert_eq!(put(&t, 1, 12, &g), None);
+    assert_eq!(get(&t, 1, &g), Some(12));
+}
+
+#[test]
+fn grows_through_many_resizes_and_keeps_every_key() {
+    let c = Collector::new();
+    let handle = c.register();
+    let t = Table::with_capacity(1);
+    let n = scaled(2_000) as u64;
+    for k in 0..n {
+        let g = handle.pin();
+        assert_eq!(put(&t, k, k * 2, &g), None);
+    }
+    let g = handle.pin();
+    assert_eq!(t.len(), n as usize);
+    for k in 0..n {
+        assert_eq!(get(&t, k, &g), Some(k * 2), "key {k}");
+    }
+    assert!(t.slot_count(&g) >= 2 * n as usize / 2);
+    let mut seen: Vec<u64> = t.iter(&g).map(|n| n.key).collect();
+    seen.sort_unstable();
+    assert_eq!(seen, (0..n).collect::<Vec<_>>());
+}
+
+#[test]
+fn churn_does_not_grow_the_table() {
+    // Insert and remove distinct keys forever at a constant live count: tombstones must be
+    // dropped by same-size rehashes, not accumulate into growth.
+    let c = Collector::new();
+    let handle = c.register();
+    let t = Table::with_capacity(64);
+    let live = 64u64;
+    let mut max_slots = 0;
+    for k in 0..scaled(20_000) as u64 {
+        let g = handle.pin();
+        put(&t, k, k, &g);
+        if k >= live {
+            let old = k - live;
+            assert!(t.remove(h(old), |x| *x == old, &g).is_some());
+        }
+        max_slots = max_slots.max(t.slot_count(&g));
+        assert!(t.len() <= live as usize + 1);
+    }
+    assert!(max_slots <= SlotArray::<u64, u64>::size_for(live as usize + 1));
+}
+
+#[test]
+fn update_decisions_and_remove_node_identity() {
+    let c = Collector::new();
+    let handle = c.register();
+    let g = handle.pin();
+    let t: Table<u64, u64> = Table::with_capacity(4);
+    // Keep on absent key hands the node back.
+    match t.update(
+        h(5),
+        |x| *x == 5,
+        Some(Owned::new(Node::new(h(5), 5, 50))),
+        |_| Decision::Keep,
+        &g,
+    ) {
+        Outcome::Kept(None, Some(back)) => assert_eq!(back.value, 50),
+        other => panic!("{other:?}"),
+    }
+    put(&t, 5, 51, &g);
+    let first = t.get(h(5), |x| *x == 5, &g).unwrap();
+    put(&t, 5, 52, &g);
+    // `first` was replaced: removing it by identity must not remove the new node.
+    assert!(!t.remove_node(first, &g));
+    assert_eq!(get(&t, 5, &g), Some(52));
+    let second = t.get(h(5), |x| *x == 5, &g).unwrap();
+    assert!(t.remove_node(second, &g));
+    assert_eq!(get(&t, 5, &g), None);
+}
+
+/// Counts drops of a value so that tests can check each is dropped exactly once.
+#[derive(Debug)]
+struct Tracked(Arc<AtomicUsize>);
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn every_node_is_dropped_exactly_once() {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let made = scaled(3_000);
+    {
+        let c = Collector::new();
+        let handle = c.register();
+        let t: Table<u64, Tracked> = Table::with_capacity(2);
+        for i in 0..made as u64 {
+            let g = handle.pin();
+            let k = i % 300; // replacements, growth, removals and rehashes
+            let node = Owned::new(Node::new(h(k), k, Tracked(drops.clone())));
+            t.insert(node, |x| *x == k, &g);
+            if i % 3 == 0 {
+                t.remove(h(k / 2), |x| *x == k / 2, &g);
+            }
+        }
+        drop(t);
+        drop(handle);
+        drop(c);
+    }
+    assert_eq!(drops.load(Ordering::Relaxed), made);
+}
+
+#[test]
+fn concurrent_writers_and_readers_agree_with_a_model() {
+    let c = Collector::new();
+    let t: Table<u64, u64> = Table::with_capacity(1);
+    let per = scaled(2_000) as u64;
+    std::thread::scope(|s| {
+        for w in 0..2u64 {
+            let (t, c) = (&t, &c);
+            s.spawn(move || {
+                let handle = c.register();
+                for i in 0..per {
+                    let g = handle.pin();
+                    let k = w * per + i;
+                    put(t, k, k + 1, &g);
+                    // Readers of our own writes see them, across resizes.
+                    assert_eq!(get(t, k, &g), Some(k + 1));
+                    if i % 4 == 0 {
+                        assert!(t.remove(h(k), |x| *x == k, &g).is_some());
+                    }
+                }
+            });
+        }
+        let (t, c) = (&t, &c);
+        s.spawn(move || {
+            let handle = c.register();
+            for i in 0..per {
+                let g = handle.pin();
+                if let Some(v) = get(t, i, &g) {
+                    assert_eq!(v, i + 1);
+                }
+            }
+        });
+    });
+    let handle = c.register();
+    let g = handle.pin();
+    let model: HashMap<u64, u64> = (0..2 * per)
+        .filter(|k| (k % per) % 4 != 0)
+        .map(|k| (k, k + 1))
+        .collect();
+    assert_eq!(t.len(), model.len());
+    for (k, v) in &model {
+        assert_eq!(get(&t, *k, &g), Some(*v));
+    }
+}
