@@ -355,3 +355,50 @@ where
         self.get(key).is_some()
     }
 }
+
+#[cfg(all(test, not(herdcache_loom)))]
+mod tests {
+    //! Small end-to-end runs of the cache's unsafe paths (per-thread handles, counter blocks,
+    //! eviction through the table), sized for Miri.
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use super::Cache;
+
+    struct Tracked(Arc<AtomicUsize>);
+    impl Drop for Tracked {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn threads_share_one_cache_and_every_value_is_dropped_once() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let per_thread = if cfg!(miri) { 40 } else { 2_000 };
+        {
+            let cache: Cache<u64, Tracked> = Cache::builder().max_capacity(16).build().unwrap();
+            let threads: Vec<_> = (0..2u64)
+                .map(|t| {
+                    let (cache, drops) = (cache.clone(), Arc::clone(&drops));
+                    std::thread::spawn(move || {
+                        for i in 0..per_thread {
+                            cache.insert(t * 1_000 + i % 24, Tracked(Arc::clone(&drops)));
+                            let _ = cache.pin().get(&(i % 24)).is_some();
+                        }
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap();
+            }
+            assert!(cache.entry_count() <= 16);
+            assert_eq!(
+                cache.stats().inserts + cache.stats().updates,
+                2 * per_thread
+            );
+            cache.invalidate_all();
+        }
+        assert_eq!(drops.load(Ordering::Relaxed), 2 * per_thread as usize);
+    }
+}

@@ -6,11 +6,16 @@ use super::node::{Node, SlotBits, TAG_EMPTY};
 use crate::sync::{AtomicU8, AtomicUsize, Ordering};
 
 /// Slots copied per claim during a migration: large enough that claiming is rare, small
-/// enough that a writer waiting for the migration to finish waits for little work.
-pub(crate) const COPY_CHUNK: usize = 64;
+/// enough that a writer waiting for the migration to finish waits for little work. (Tiny
+/// under loom, so that models see a migration split between threads.)
+pub(crate) const COPY_CHUNK: usize = if cfg!(herdcache_loom) { 2 } else { 64 };
 
-/// Smallest array, in slots.
-pub(crate) const MIN_SLOTS: usize = 16;
+/// Smallest array, in slots (tiny under loom, so that models can fill one).
+pub(crate) const MIN_SLOTS: usize = if cfg!(herdcache_loom) { 4 } else { 16 };
+
+/// Entries of head room a migration target gets beyond the live count, for the writers that
+/// race the start of the migration (see [`SlotArray::place_copy`]).
+const HEADROOM: usize = if cfg!(herdcache_loom) { 2 } else { 64 };
 
 /// A fixed-size array of slots. Arrays are linked by `next` while a migration (a resize or a
 /// same-size rehash that drops tombstones) is in progress.
@@ -50,6 +55,17 @@ impl<K, V> SlotArray<K, V> {
         self.mask + 1
     }
 
+    /// Array size for a new table expected to hold `entries`: under the claim limit.
+    pub(crate) fn initial_size(entries: usize) -> usize {
+        entries
+            .saturating_mul(4)
+            .div_ceil(3)
+            .saturating_add(1)
+            .checked_next_power_of_two()
+            .unwrap_or(1 << (usize::BITS - 1))
+            .max(MIN_SLOTS)
+    }
+
     /// Claimed slots at which a writer stops claiming and starts a migration (3/4 full).
     #[inline]
     pub(crate) fn claim_limit(&self) -> usize {
@@ -59,7 +75,7 @@ impl<K, V> SlotArray<K, V> {
     /// Array size that holds `live` entries at a load factor of at most 1/2, with head room for
     /// the writers that race the start of a migration.
     pub(crate) fn size_for(live: usize) -> usize {
-        let want = live.saturating_add(live / 4).saturating_add(64);
+        let want = live.saturating_add(live / 4).saturating_add(HEADROOM);
         want.saturating_mul(2)
             .checked_next_power_of_two()
             .unwrap_or(1 << (usize::BITS - 1))

@@ -95,7 +95,7 @@ impl<K, V> Table<K, V> {
     /// An empty table sized for about `capacity` entries before its first resize.
     pub fn with_capacity(capacity: usize) -> Self {
         Table {
-            root: Atomic::new(SlotArray::new(SlotArray::<K, V>::size_for(capacity) / 2)),
+            root: Atomic::new(SlotArray::new(SlotArray::<K, V>::initial_size(capacity))),
             len: AtomicUsize::new(0),
             _marker: PhantomData,
         }

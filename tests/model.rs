@@ -1,0 +1,140 @@
+//! Random operation sequences against a reference model (a `HashMap` plus a manual clock).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use herdcache::{Cache, ManualClock};
+use proptest::prelude::*;
+
+const TTL_MS: u64 = 1_000;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Insert(u8, u32),
+    InsertWithTtl(u8, u32, u16),
+    Get(u8),
+    Invalidate(u8),
+    InvalidateAll,
+    Advance(u16),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (any::<u8>(), any::<u32>()).prop_map(|(k, v)| Op::Insert(k, v)),
+        2 => (any::<u8>(), any::<u32>(), 0..3_000u16).prop_map(|(k, v, t)| Op::InsertWithTtl(k, v, t)),
+        6 => any::<u8>().prop_map(Op::Get),
+        2 => any::<u8>().prop_map(Op::Invalidate),
+        1 => Just(Op::InvalidateAll),
+        2 => (0..1_500u16).prop_map(Op::Advance),
+    ]
+}
+
+/// The reference: key -> (value, expiry in ms), time in ms.
+#[derive(Default)]
+struct Model {
+    map: HashMap<u8, (u32, u64)>,
+    now: u64,
+}
+
+impl Model {
+    fn live(&self, k: u8) -> Option<u32> {
+        self.map
+            .get(&k)
+            .filter(|(_, exp)| self.now < *exp)
+            .map(|(v, _)| *v)
+    }
+}
+
+fn build(cap: u64, clock: &ManualClock) -> Cache<u8, u32> {
+    Cache::builder()
+        .max_capacity(cap)
+        .time_to_live(Duration::from_millis(TTL_MS))
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Without eviction the cache is exactly the model.
+    #[test]
+    fn matches_the_model_when_nothing_is_evicted(ops in prop::collection::vec(op(), 1..300)) {
+        let clock = ManualClock::new();
+        let cache = build(1024, &clock);
+        let mut model = Model::default();
+        for op in ops {
+            match op {
+                Op::Insert(k, v) => {
+                    cache.insert(k, v);
+                    model.map.insert(k, (v, model.now + TTL_MS));
+                }
+                Op::InsertWithTtl(k, v, t) => {
+                    cache.insert_with_ttl(k, v, Duration::from_millis(t.into()));
+                    model.map.insert(k, (v, model.now + u64::from(t)));
+                }
+                Op::Get(k) => prop_assert_eq!(cache.get(&k), model.live(k), "get {}", k),
+                Op::Invalidate(k) => {
+                    let expected = model.live(k).is_some();
+                    model.map.remove(&k);
+                    prop_assert_eq!(cache.invalidate(&k), expected, "invalidate {}", k);
+                }
+                Op::InvalidateAll => {
+                    cache.invalidate_all();
+                    model.map.clear();
+                }
+                Op::Advance(ms) => {
+                    clock.advance(Duration::from_millis(ms.into()));
+                    model.now += u64::from(ms);
+                }
+            }
+        }
+        for k in 0..=u8::MAX {
+            prop_assert_eq!(cache.get(&k), model.live(k), "final get {}", k);
+        }
+    }
+
+    /// With eviction, only the safe invariants hold: anything returned is the key's latest
+    /// value and unexpired, and the count stays within capacity.
+    #[test]
+    fn never_returns_stale_or_expired_values_under_eviction(
+        cap in 1..40u64,
+        ops in prop::collection::vec(op(), 1..400),
+    ) {
+        let clock = ManualClock::new();
+        let cache = build(cap, &clock);
+        let mut model = Model::default();
+        for op in ops {
+            match op {
+                Op::Insert(k, v) => {
+                    cache.insert(k, v);
+                    model.map.insert(k, (v, model.now + TTL_MS));
+                }
+                Op::InsertWithTtl(k, v, t) => {
+                    cache.insert_with_ttl(k, v, Duration::from_millis(t.into()));
+                    model.map.insert(k, (v, model.now + u64::from(t)));
+                }
+                Op::Get(k) => {
+                    if let Some(v) = cache.get(&k) {
+                        prop_assert_eq!(Some(v), model.live(k), "get {}", k);
+                    }
+                }
+                Op::Invalidate(k) => {
+                    model.map.remove(&k);
+                    cache.invalidate(&k);
+                    prop_assert_eq!(cache.get(&k), None);
+                }
+                Op::InvalidateAll => {
+                    cache.invalidate_all();
+                    model.map.clear();
+                    prop_assert_eq!(cache.entry_count(), 0);
+                }
+                Op::Advance(ms) => {
+                    clock.advance(Duration::from_millis(ms.into()));
+                    model.now += u64::from(ms);
+                }
+            }
+            prop_assert!(cache.entry_count() <= cap, "{} > {}", cache.entry_count(), cap);
+        }
+    }
+}
