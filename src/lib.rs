@@ -1,4 +1,78 @@
-//! placeholder
+//! A lock-free concurrent in-process cache for very hot read paths.
+//!
+//! herdcache is for keys that are read tens of thousands of times a second: a hit takes no
+//! lock and, once an entry is hot, writes no memory that another core writes. The cache is
+//! bounded by entry count and evicts with a CLOCK policy whose reads stay write-free.
+//!
+//! # Getting started
+//!
+//! ```
+//! use std::time::Duration;
+//! use herdcache::Cache;
+//!
+//! let cache: Cache<String, u64> = Cache::builder()
+//!     .max_capacity(10_000)                  // required
+//!     .time_to_live(Duration::from_secs(60)) // optional
+//!     .build()?;
+//!
+//! cache.insert("a".to_owned(), 1);
+//! assert_eq!(cache.get("a"), Some(1));       // look up with any `Q` where `K: Borrow<Q>`
+//! assert!(cache.invalidate("a"));
+//! assert_eq!(cache.get("a"), None);
+//! # Ok::<(), herdcache::BuildError>(())
+//! ```
+//!
+//! A [`Cache`] is a handle: clone it into every thread that needs it; all clones are one cache.
+//!
+//! # Reading without cloning
+//!
+//! [`Cache::get`] clones the value, which for an `Arc<T>` is a reference-count increment on a
+//! line every reader shares. [`Cache::pin`] returns a [`CacheGuard`] that lends `&V` instead,
+//! and amortises the epoch pin over many reads:
+//!
+//! ```
+//! use std::sync::Arc;
+//! let cache = herdcache::Cache::builder().max_capacity(100).build()?;
+//! for k in 0..10u32 {
+//!     cache.insert(k, Arc::new(k.to_string()));
+//! }
+//! let guard = cache.pin();
+//! let total: usize = (0..10u32).filter_map(|k| guard.get(&k)).map(|s| s.len()).sum();
+//! assert_eq!(total, 10);
+//! # Ok::<(), herdcache::BuildError>(())
+//! ```
+//!
+//! While a guard lives, entries removed from the cache (by any thread) are not freed; keep
+//! guards for a batch of reads.
+//!
+//! # Expiry and time
+//!
+//! Entries expire at the cache's [`time_to_live`](CacheBuilder::time_to_live) or at the TTL
+//! given to [`Cache::insert_with_ttl`]; an expired entry is never returned. Time comes from a
+//! [`Clock`]: the [`SystemClock`] by default, or a [`ManualClock`] that tests advance by hand.
+//! The clock is read only for entries that can expire.
+//!
+//! # Capacity
+//!
+//! The cache holds at most [`max_capacity`](CacheBuilder::max_capacity) entries, except
+//! transiently: each inserting thread adds its entry and then evicts, so while inserts race
+//! the count may exceed the capacity by at most the number of threads inserting at that
+//! moment. Eviction prefers expired entries, then entries that have not been read since the
+//! policy's hand last passed them.
+//!
+//! # Consistency
+//!
+//! Each operation on a key is atomic (linearisable): a reader sees a key's value before or
+//! after a concurrent write, never a mix, and once a write has returned every later read sees
+//! it or a newer one. [`Cache::invalidate_all`] and [`Cache::entry_count`] are not atomic
+//! across keys: entries inserted while `invalidate_all` runs may survive it.
+//!
+//! # Memory reclamation
+//!
+//! Removed entries are freed by crossbeam-epoch once no thread can still be reading them,
+//! using a collector private to each cache. Dropping the last handle of a cache frees its
+//! entries; entries retired by other threads are freed when those threads exit or next touch a
+//! herdcache cache they have not used recently.
 #![warn(missing_docs, missing_debug_implementations)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -16,6 +90,11 @@ pub use builder::{BuildError, CacheBuilder, MAX_CAPACITY_LIMIT, MAX_DURATION};
 pub use cache::{Cache, CacheGuard};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use stats::Stats;
+
+/// README.md's examples, compiled and run as doctests so that they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 /// The default hasher: foldhash, randomly seeded for each cache.
 pub type DefaultHashBuilder = foldhash::fast::RandomState;

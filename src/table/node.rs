@@ -4,7 +4,7 @@
 /// (interior mutability, where a value needs it, lives inside `V`).
 ///
 /// The alignment of 8 leaves the three low bits of every node pointer free; the slot uses
-/// two of them, see [`SlotBits`].
+/// two of them (see `SlotBits`).
 #[repr(align(8))]
 #[derive(Debug)]
 pub struct Node<K, V> {
