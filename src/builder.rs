@@ -77,6 +77,7 @@ pub struct CacheBuilder<K, V, S = DefaultHashBuilder> {
     pub(crate) max_capacity: Option<u64>,
     pub(crate) initial_capacity: Option<usize>,
     pub(crate) time_to_live: Option<Duration>,
+    pub(crate) negative_ttl: Option<Duration>,
     pub(crate) clock: Option<Arc<dyn Clock>>,
     pub(crate) hasher: S,
     _marker: PhantomData<fn(K, V)>,
@@ -88,6 +89,7 @@ impl<K, V, S> fmt::Debug for CacheBuilder<K, V, S> {
             .field("max_capacity", &self.max_capacity)
             .field("initial_capacity", &self.initial_capacity)
             .field("time_to_live", &self.time_to_live)
+            .field("negative_ttl", &self.negative_ttl)
             .field("clock", &self.clock)
             .finish_non_exhaustive()
     }
@@ -106,6 +108,7 @@ impl<K, V> CacheBuilder<K, V, DefaultHashBuilder> {
             max_capacity: None,
             initial_capacity: None,
             time_to_live: None,
+            negative_ttl: None,
             clock: None,
             hasher: DefaultHashBuilder::default(),
             _marker: PhantomData,
@@ -139,6 +142,14 @@ impl<K, V, S> CacheBuilder<K, V, S> {
         self
     }
 
+    /// Negative caching: a loader error is cached for `ttl`, and loads of the key within that
+    /// time return the cached error without calling the loader (optional; from 1 ns to
+    /// [`MAX_DURATION`]). Off by default: errors go to the load's waiters and are not kept.
+    pub fn negative_ttl(mut self, ttl: Duration) -> Self {
+        self.negative_ttl = Some(ttl);
+        self
+    }
+
     /// The clock expiry is measured with (default: [`SystemClock`]). Pass a
     /// [`ManualClock`](crate::ManualClock) to test time-dependent behaviour without sleeping.
     pub fn clock(mut self, clock: impl Clock) -> Self {
@@ -153,6 +164,7 @@ impl<K, V, S> CacheBuilder<K, V, S> {
             max_capacity: self.max_capacity,
             initial_capacity: self.initial_capacity,
             time_to_live: self.time_to_live,
+            negative_ttl: self.negative_ttl,
             clock: self.clock,
             hasher,
             _marker: PhantomData,
@@ -167,6 +179,8 @@ pub(crate) struct Settings {
     pub(crate) initial_capacity: usize,
     /// Default hard TTL in nanoseconds, if any.
     pub(crate) time_to_live: Option<u64>,
+    /// How long a load error is cached, in nanoseconds, if at all.
+    pub(crate) negative_ttl: Option<u64>,
     pub(crate) clock: TimeSource,
 }
 
@@ -235,6 +249,7 @@ where
             None => max_capacity.min(64),
         };
         let time_to_live = check_duration("time_to_live", self.time_to_live)?;
+        let negative_ttl = check_duration("negative_ttl", self.negative_ttl)?;
         let clock = match &self.clock {
             Some(c) => TimeSource::Custom(Arc::clone(c)),
             None => TimeSource::System(SystemClock::new()),
@@ -243,6 +258,7 @@ where
             max_capacity,
             initial_capacity,
             time_to_live,
+            negative_ttl,
             clock,
         })
     }

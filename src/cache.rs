@@ -1,9 +1,11 @@
 //! [`Cache`]: the public API, thin over the table, the policy and the per-thread context.
+//! The miss path (single flight) is in `load.rs`.
 
 use std::borrow::Borrow;
 use std::cell::Cell;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,9 +13,9 @@ use crossbeam_epoch::Owned;
 
 use crate::builder::{CacheBuilder, Settings};
 use crate::clock::{duration_to_nanos, TimeSource};
-use crate::entry::{Entry, NEVER};
+use crate::entry::{Entry, Kind, NEVER};
 use crate::local::{Domain, Pinned};
-use crate::policy::{EvictionPolicy, FrequencyClock};
+use crate::policy::{Candidate, EvictionPolicy, FrequencyClock};
 use crate::stats::{Counter, Stats};
 use crate::table::{Node, Table};
 use crate::DefaultHashBuilder;
@@ -27,19 +29,21 @@ const EVICTION_ATTEMPTS: usize = 64;
 /// Cloning is cheap (an `Arc` clone) and every clone is the same cache. See the
 /// [crate documentation](crate) for a guide.
 pub struct Cache<K, V, S = DefaultHashBuilder> {
-    inner: Arc<Inner<K, V, S>>,
+    pub(crate) inner: Arc<Inner<K, V, S>>,
 }
 
-struct Inner<K, V, S> {
-    table: Table<K, Entry<V>>,
-    policy: FrequencyClock,
-    hasher: S,
-    clock: TimeSource,
-    max_capacity: usize,
-    time_to_live: Option<u64>,
+pub(crate) struct Inner<K, V, S> {
+    pub(crate) table: Table<K, Entry<V>>,
+    pub(crate) policy: FrequencyClock,
+    pub(crate) hasher: S,
+    pub(crate) clock: TimeSource,
+    pub(crate) max_capacity: usize,
+    pub(crate) time_to_live: Option<u64>,
+    pub(crate) negative_ttl: Option<u64>,
+    versions: AtomicU64,
     // Dropped last: dropping the domain frees this thread's handle, letting the collector
     // run the destructors of the entries retired above.
-    domain: Domain,
+    pub(crate) domain: Domain,
 }
 
 impl<K, V, S> Clone for Cache<K, V, S> {
@@ -91,6 +95,8 @@ where
                 clock: settings.clock,
                 max_capacity: settings.max_capacity,
                 time_to_live: settings.time_to_live,
+                negative_ttl: settings.negative_ttl,
+                versions: AtomicU64::new(1),
                 domain: Domain::new(),
             }),
         }
@@ -99,7 +105,9 @@ where
     /// The value for `key`, cloned, if the cache holds one that has not expired.
     ///
     /// Takes no lock and, once the entry is hot, writes no shared memory. For values that are
-    /// expensive to clone, hold an `Arc<T>` or use [`pin`](Self::pin) to borrow instead.
+    /// expensive to clone, hold an `Arc<T>` or use [`pin`](Self::pin) to borrow instead. A key
+    /// whose load is in progress has no value yet: `get` returns `None` without waiting (use
+    /// [`get_or_load`](Self::get_or_load) to join the load).
     ///
     /// ```
     /// let cache = herdcache::Cache::builder().max_capacity(10).build()?;
@@ -115,7 +123,7 @@ where
         V: Clone,
     {
         let pinned = self.inner.domain.pin();
-        self.lookup(key, &pinned).map(|e| e.value.clone())
+        self.lookup(key, &pinned).cloned()
     }
 
     /// Whether the cache holds an unexpired value for `key` (counts as a lookup).
@@ -151,12 +159,12 @@ where
 
     /// Inserts `value` for `key`, replacing any previous value, with the cache's
     /// `time_to_live` (if one is set). May evict other entries to stay within capacity.
+    ///
+    /// An insert wins over a load of the same key in progress: the load's result still goes to
+    /// its waiters but is not cached.
     pub fn insert(&self, key: K, value: V) {
         let pinned = self.inner.domain.pin();
-        let expires_at = match self.inner.time_to_live {
-            Some(ttl) => self.now().saturating_add(ttl),
-            None => NEVER,
-        };
+        let expires_at = self.default_expiry();
         self.insert_entry(key, value, expires_at, &pinned);
     }
 
@@ -172,6 +180,9 @@ where
 
     /// Removes `key`'s entry. Returns whether it held a value that [`get`](Self::get) would
     /// have returned (an expired entry is removed too, but returns false).
+    ///
+    /// A load of the key in progress is detached, as by [`forget`](Self::forget): its result
+    /// goes to its waiters but is not cached.
     pub fn invalidate<Q>(&self, key: &Q) -> bool
     where
         K: Borrow<Q>,
@@ -189,7 +200,8 @@ where
         }
     }
 
-    /// Removes every entry. Entries inserted while this runs may or may not survive it.
+    /// Removes every entry (detaching loads in progress). Entries inserted while this runs may
+    /// or may not survive it.
     pub fn invalidate_all(&self) {
         let pinned = self.inner.domain.pin();
         for node in self.inner.table.iter(&pinned.guard) {
@@ -199,8 +211,8 @@ where
         }
     }
 
-    /// Entries held, including expired ones not yet removed (exact when no write is in
-    /// progress).
+    /// Entries held, including expired ones not yet removed and keys whose load is in
+    /// progress (exact when no write is in progress).
     pub fn entry_count(&self) -> u64 {
         self.inner.table.len() as u64
     }
@@ -216,13 +228,27 @@ where
     }
 
     #[inline]
-    fn now(&self) -> u64 {
+    pub(crate) fn now(&self) -> u64 {
         self.inner.clock.now_nanos()
     }
 
-    /// Finds a live entry, counting the hit or miss and removing an expired entry found.
+    /// Expiry for a value written now with the cache's default TTL.
+    pub(crate) fn default_expiry(&self) -> u64 {
+        match self.inner.time_to_live {
+            Some(ttl) => self.now().saturating_add(ttl),
+            None => NEVER,
+        }
+    }
+
+    /// A fresh version, unique within the cache.
+    pub(crate) fn next_version(&self) -> u64 {
+        // Relaxed: versions need uniqueness, which the RMW gives; they order nothing.
+        self.inner.versions.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Finds a live value, counting the hit or miss and removing an expired entry found.
     #[inline]
-    fn lookup<'g, Q>(&self, key: &Q, pinned: &'g Pinned<'_>) -> Option<&'g Entry<V>>
+    fn lookup<'g, Q>(&self, key: &Q, pinned: &'g Pinned<'_>) -> Option<&'g V>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -237,14 +263,16 @@ where
             return None;
         };
         let entry = &node.value;
-        if entry.expires() && entry.is_expired_at(self.now()) {
-            pinned.count(Counter::Misses);
-            self.remove_expired(node, pinned);
-            return None;
+        if let Some(value) = entry.live_value(|| self.now()) {
+            self.inner.policy.on_hit(&entry.policy);
+            pinned.count(Counter::Hits);
+            return Some(value);
         }
-        self.inner.policy.on_hit(&entry.policy);
-        pinned.count(Counter::Hits);
-        Some(entry)
+        pinned.count(Counter::Misses);
+        if entry.is_expired(|| self.now()) {
+            self.remove_expired(node, pinned);
+        }
+        None
     }
 
     #[cold]
@@ -254,21 +282,22 @@ where
         }
     }
 
-    /// Counts a removed entry as `live_kind` if it was live, else as an expiration; returns
-    /// whether it was live.
+    /// Counts a removed entry as `live_kind` if it held a live value, as an expiration if it
+    /// had expired (nothing for a detached load); returns whether it held a live value.
     fn count_removal(&self, entry: &Entry<V>, live_kind: Counter, pinned: &Pinned<'_>) -> bool {
-        let live = !(entry.expires() && entry.is_expired_at(self.now()));
-        pinned.count(if live {
-            live_kind
-        } else {
-            Counter::Expirations
-        });
+        let live = entry.live_value(|| self.now()).is_some();
+        if live {
+            pinned.count(live_kind);
+        } else if entry.is_expired(|| self.now()) {
+            pinned.count(Counter::Expirations);
+        }
         live
     }
 
     fn insert_entry(&self, key: K, value: V, expires_at: u64, pinned: &Pinned<'_>) {
         let hash = self.inner.hasher.hash_one(&key);
-        let node = Owned::new(Node::new(hash, key, Entry::new(value, expires_at)));
+        let entry = Entry::ready(self.next_version(), value, expires_at);
+        let node = Owned::new(Node::new(hash, key, entry));
         let key_ptr: *const K = &node.key;
         let replaced = self.inner.table.insert(
             node,
@@ -283,30 +312,37 @@ where
             None => pinned.count(Counter::Inserts),
             Some(_) => pinned.count(Counter::Updates),
         }
+        self.evict_if_over_capacity(pinned);
+    }
+
+    /// Evicts until the cache is back within capacity (see `max_capacity` for the bound).
+    #[inline]
+    pub(crate) fn evict_if_over_capacity(&self, pinned: &Pinned<'_>) {
         if self.inner.table.len() > self.inner.max_capacity {
             self.evict_overflow(pinned);
         }
     }
 
-    /// Evicts until the cache is back within capacity (see `max_capacity` for the bound).
     #[cold]
     fn evict_overflow(&self, pinned: &Pinned<'_>) {
         let now = Cell::new(None);
-        let expired = |e: &Entry<V>| {
-            e.expires() && e.is_expired_at(*now.get().get_or_insert_with(|| self.now()))
+        let now = || *now.get().get_or_insert_with(|| self.now());
+        let classify = |e: &Entry<V>| match e.kind {
+            Kind::Loading(_) => Candidate::Skip,
+            _ if e.is_expired(now) => Candidate::Expired,
+            _ => Candidate::Live,
         };
         for _ in 0..EVICTION_ATTEMPTS {
             if self.inner.table.len() <= self.inner.max_capacity {
                 return;
             }
             let table = &self.inner.table;
-            let Some(victim) = self.inner.policy.victim(table, &expired, &pinned.guard) else {
+            let Some(victim) = self.inner.policy.victim(table, &classify, &pinned.guard) else {
                 return;
             };
-            let kind = if expired(&victim.value) {
-                Counter::Expirations
-            } else {
-                Counter::Evictions
+            let kind = match classify(&victim.value) {
+                Candidate::Expired => Counter::Expirations,
+                _ => Counter::Evictions,
             };
             if table.remove_node(victim, &pinned.guard) {
                 pinned.count(kind);
@@ -343,7 +379,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.cache.lookup(key, &self.pinned).map(|e| &e.value)
+        self.cache.lookup(key, &self.pinned)
     }
 
     /// Whether the cache holds an unexpired value for `key`.

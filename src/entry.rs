@@ -1,38 +1,95 @@
-//! What the table stores for each key: the value and its metadata.
+//! What the table stores for each key: a value, an in-progress load, or a cached error, with a
+//! version unique within the cache.
 
+use std::any::Any;
+use std::sync::Arc;
+
+use crate::flight::Flight;
 use crate::policy::EntryState;
 
 /// Expiry of an entry that never expires.
 pub(crate) const NEVER: u64 = u64::MAX;
 
-/// A cached value with its metadata. Immutable once published, except for the policy state,
-/// which the eviction policy updates (test-before-set, see `policy/`).
+/// One slot's content. Immutable once published, except for the policy state (see
+/// `policy/`). Every write of a key publishes a new `Entry` with a fresh version, so "the
+/// entry still has version v" identifies one write even if its address was reused.
 #[derive(Debug)]
 pub(crate) struct Entry<V> {
-    pub(crate) value: V,
-    /// Hard expiry in clock nanoseconds, or [`NEVER`].
-    pub(crate) expires_at: u64,
+    pub(crate) version: u64,
+    pub(crate) kind: Kind<V>,
     pub(crate) policy: EntryState,
 }
 
+/// The states of a key (DESIGN.md §4).
+#[derive(Debug)]
+pub(crate) enum Kind<V> {
+    /// A usable value.
+    Ready(Ready<V>),
+    /// A load is in progress; the flight holds its waiters and, if the load replaced an
+    /// expired value, that value.
+    Loading(Arc<Flight<V>>),
+    /// A cached load error (negative caching), type-erased.
+    Failed {
+        error: Arc<dyn Any + Send + Sync>,
+        expires_at: u64,
+    },
+}
+
+/// A value and its expiry.
+#[derive(Debug)]
+pub(crate) struct Ready<V> {
+    pub(crate) value: V,
+    /// Hard expiry in clock nanoseconds, or [`NEVER`].
+    pub(crate) expires_at: u64,
+}
+
 impl<V> Entry<V> {
-    pub(crate) fn new(value: V, expires_at: u64) -> Self {
+    pub(crate) fn ready(version: u64, value: V, expires_at: u64) -> Self {
+        Self::with_kind(version, Kind::Ready(Ready { value, expires_at }))
+    }
+
+    pub(crate) fn loading(version: u64, flight: Arc<Flight<V>>) -> Self {
+        Self::with_kind(version, Kind::Loading(flight))
+    }
+
+    pub(crate) fn failed(version: u64, error: Arc<dyn Any + Send + Sync>, expires_at: u64) -> Self {
+        Self::with_kind(version, Kind::Failed { error, expires_at })
+    }
+
+    fn with_kind(version: u64, kind: Kind<V>) -> Self {
         Entry {
-            value,
-            expires_at,
+            version,
+            kind,
             policy: EntryState::default(),
         }
     }
 
-    /// Whether the entry can expire at all (only then is the clock read).
+    /// The expiry of a ready value or a cached error; `None` for a load in progress.
     #[inline]
-    pub(crate) fn expires(&self) -> bool {
-        self.expires_at != NEVER
+    pub(crate) fn expires_at(&self) -> Option<u64> {
+        match &self.kind {
+            Kind::Ready(r) => Some(r.expires_at),
+            Kind::Failed { expires_at, .. } => Some(*expires_at),
+            Kind::Loading(_) => None,
+        }
     }
 
-    /// Whether the entry has expired at `now`.
+    /// Whether the entry is a value or cached error past its expiry. `now` is called only if
+    /// the entry can expire.
     #[inline]
-    pub(crate) fn is_expired_at(&self, now: u64) -> bool {
-        now >= self.expires_at
+    pub(crate) fn is_expired(&self, now: impl FnOnce() -> u64) -> bool {
+        match self.expires_at() {
+            Some(NEVER) | None => false,
+            Some(at) => now() >= at,
+        }
+    }
+
+    /// The value, if this is a ready entry that has not expired.
+    #[inline]
+    pub(crate) fn live_value(&self, now: impl FnOnce() -> u64) -> Option<&V> {
+        match &self.kind {
+            Kind::Ready(r) if r.expires_at == NEVER || now() < r.expires_at => Some(&r.value),
+            _ => None,
+        }
     }
 }

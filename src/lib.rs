@@ -80,6 +80,8 @@ mod builder;
 mod cache;
 mod clock;
 mod entry;
+mod flight;
+mod load;
 mod local;
 mod policy;
 mod stats;
@@ -89,6 +91,7 @@ mod table;
 pub use builder::{BuildError, CacheBuilder, MAX_CAPACITY_LIMIT, MAX_DURATION};
 pub use cache::{Cache, CacheGuard};
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use load::LoadError;
 pub use stats::Stats;
 
 /// README.md's examples, compiled and run as doctests so that they stay true.

@@ -75,7 +75,19 @@ impl Domain {
         &self.counters
     }
 
+    /// Pins this cache's epoch on the calling thread. Under loom, handles must not outlive a
+    /// model execution, so each pin registers afresh.
+    #[cfg(herdcache_loom)]
+    pub(crate) fn pin(&self) -> Pinned<'_> {
+        Pinned {
+            guard: self.collector.register().pin(),
+            counters: self.counters.shared(),
+            owned: false,
+        }
+    }
+
     /// Pins this cache's epoch on the calling thread.
+    #[cfg(not(herdcache_loom))]
     #[inline]
     pub(crate) fn pin(&self) -> Pinned<'_> {
         let fast = LOCALS.try_with(|locals| {
@@ -96,6 +108,7 @@ impl Domain {
     }
 
     #[cold]
+    #[cfg(not(herdcache_loom))]
     fn pin_slow(&self) -> Pinned<'_> {
         let registered = LOCALS.try_with(|locals| {
             let mut list = locals.try_borrow_mut().ok()?;

@@ -29,9 +29,14 @@ pub(crate) enum Counter {
     Invalidations,
     Evictions,
     Expirations,
+    Loads,
+    CoalescedWaits,
+    LoadErrors,
+    LoadPanics,
+    Timeouts,
 }
 
-const COUNTERS: usize = Counter::Expirations as usize + 1;
+const COUNTERS: usize = Counter::Timeouts as usize + 1;
 
 /// A snapshot of a cache's counters, from [`Cache::stats`](crate::Cache::stats).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -49,8 +54,19 @@ pub struct Stats {
     pub invalidations: u64,
     /// Entries removed to keep the cache within its capacity.
     pub evictions: u64,
-    /// Expired entries removed (when read, or chosen by the eviction sweep).
+    /// Expired entries removed (when read, replaced by a load, or chosen by the eviction
+    /// sweep).
     pub expirations: u64,
+    /// Loads run (each by the one caller that led it).
+    pub loads: u64,
+    /// Callers that joined a load led by another caller instead of loading themselves.
+    pub coalesced_waits: u64,
+    /// Loads whose loader returned an error.
+    pub load_errors: u64,
+    /// Loads whose loader panicked.
+    pub load_panics: u64,
+    /// Waiters that gave up at their deadline (served stale, or a timeout error).
+    pub timeouts: u64,
 }
 
 impl Stats {
@@ -199,6 +215,11 @@ impl CounterRegistry {
             invalidations: get(Counter::Invalidations),
             evictions: get(Counter::Evictions),
             expirations: get(Counter::Expirations),
+            loads: get(Counter::Loads),
+            coalesced_waits: get(Counter::CoalescedWaits),
+            load_errors: get(Counter::LoadErrors),
+            load_panics: get(Counter::LoadPanics),
+            timeouts: get(Counter::Timeouts),
         }
     }
 }

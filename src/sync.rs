@@ -1,14 +1,15 @@
 //! The one place that chooses between `std` and `loom` primitives.
 //!
-//! Everything in the crate that is shared between threads imports its atomics from here, so
-//! that building with `--cfg herdcache_loom` (together with `--cfg crossbeam_loom`, which makes
-//! crossbeam-epoch itself use loom) puts every interleaving under the model checker.
+//! Everything in the crate that is shared between threads imports its atomics, cells and
+//! thread parking from here, so that building with `--cfg herdcache_loom` (together with
+//! `--cfg crossbeam_loom`, which makes crossbeam-epoch itself use loom) puts every
+//! interleaving under the model checker.
 
 #[cfg(herdcache_loom)]
-pub(crate) use loom::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
 #[cfg(not(herdcache_loom))]
-pub(crate) use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
 /// Spin-wait helper for the rare places that wait on another thread's bounded work.
 pub(crate) use crossbeam_utils::Backoff;
@@ -24,4 +25,44 @@ pub(crate) fn spin_wait(backoff: &Backoff) {
     }
     #[cfg(not(herdcache_loom))]
     backoff.snooze();
+}
+
+/// An `UnsafeCell` with loom's closure-based access API, so that loom can check accesses.
+#[cfg(not(herdcache_loom))]
+#[derive(Debug)]
+pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
+
+#[cfg(not(herdcache_loom))]
+impl<T> UnsafeCell<T> {
+    pub(crate) fn new(value: T) -> Self {
+        UnsafeCell(std::cell::UnsafeCell::new(value))
+    }
+
+    #[inline]
+    pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+        f(self.0.get())
+    }
+
+    #[inline]
+    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+        f(self.0.get())
+    }
+}
+
+#[cfg(herdcache_loom)]
+pub(crate) use loom::cell::UnsafeCell;
+
+/// Thread identity and parking.
+pub(crate) mod thread {
+    #[cfg(herdcache_loom)]
+    pub(crate) use loom::thread::{current, park, Thread, ThreadId};
+    #[cfg(not(herdcache_loom))]
+    pub(crate) use std::thread::{current, park, park_timeout, Thread, ThreadId};
+
+    /// loom has no time: a timed park returns at once, which models a waiter whose deadline
+    /// passes at an arbitrary point (it then re-checks and gives up).
+    #[cfg(herdcache_loom)]
+    pub(crate) fn park_timeout(_: std::time::Duration) {
+        loom::thread::yield_now();
+    }
 }

@@ -184,7 +184,8 @@ fn frequently_read_entries_survive_a_stream_of_one_off_inserts() {
 }
 
 #[test]
-fn expired_entries_are_evicted_before_live_ones() {
+fn expired_entries_are_evicted_before_live_ones_within_the_lookahead() {
+    // The table of a 4-entry cache is smaller than the policy's look-ahead window.
     let (c, clock) = ttl_cache(4, Duration::from_secs(100));
     for k in 0..3 {
         c.insert_with_ttl(k, k, Duration::from_secs(1));

@@ -1,0 +1,249 @@
+//! Single flight: the record of one in-progress load, its waiters, and its result.
+//!
+//! The leader (the caller whose CAS installed the `Loading` entry holding this flight) runs
+//! the loader and calls [`Flight::complete`] exactly once, on every path out of the load
+//! (value, error, panic, invalidation). Everyone else waits on the flight.
+//!
+//! # Waiting without lost wake-ups
+//! Waiters are a lock-free stack of nodes, closed by the completion: [`Flight::complete`]
+//! writes the result, then swaps the stack head to `CLOSED` (Release), then wakes every node it
+//! took. A waiter pushes its node with a CAS that fails if the head is `CLOSED` (then the result
+//! is already readable), and after pushing it parks until its node is marked notified. Either
+//! the push precedes the swap (the completer sees the node and wakes it; an unpark before the
+//! park just makes the park return) or it follows it (the push fails and the waiter reads the
+//! result): there is no window in which a completion goes unseen.
+//!
+//! A waiter that gives up (deadline) leaves its node in the stack; the completer still marks
+//! it and unparks its thread, which is harmless because every park loop re-checks its
+//! condition. Nodes are reference-counted, so the one left behind is freed with the stack.
+
+use std::any::Any;
+use std::ptr::{self, NonNull};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::sync::thread::{self, Thread, ThreadId};
+use crate::sync::{AtomicBool, AtomicPtr, Ordering, UnsafeCell};
+
+/// How a load ended, as stored in the flight for every waiter.
+#[derive(Debug)]
+pub(crate) enum FlightResult<V> {
+    /// The loaded value.
+    Value(V),
+    /// The loader's error, type-erased (each caller downcasts to its own `E`).
+    Failed(Arc<dyn Any + Send + Sync>),
+    /// The loader panicked.
+    Panicked,
+}
+
+struct Waiter {
+    thread: Thread,
+    notified: AtomicBool,
+    /// Written before the node is published by the push CAS, never after.
+    next: *const Waiter,
+}
+
+// SAFETY: `next` is written only before the node is published (by the pushing thread) and
+// read only by the completer after it took the stack; every other field is thread-safe.
+unsafe impl Send for Waiter {}
+// SAFETY: as above.
+unsafe impl Sync for Waiter {}
+
+/// One in-progress load.
+pub(crate) struct Flight<V> {
+    /// Stack of waiters, or `CLOSED` once the result is written.
+    waiters: AtomicPtr<Waiter>,
+    /// Written once by the leader before `waiters` is closed; read only after.
+    result: UnsafeCell<Option<FlightResult<V>>>,
+    /// The expired value the load replaces, if any: what a waiter whose deadline passes gets.
+    stale: Option<V>,
+    leader: ThreadId,
+}
+
+// SAFETY: the result cell is written once, by the leader, before `waiters` is closed with
+// Release, and read only after `waiters` is seen closed with Acquire; `V` is shared by
+// reference with every waiter (hence `Sync`) and may be dropped on any thread (hence `Send`).
+unsafe impl<V: Send + Sync> Send for Flight<V> {}
+// SAFETY: as above.
+unsafe impl<V: Send + Sync> Sync for Flight<V> {}
+
+impl<V> std::fmt::Debug for Flight<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Flight")
+            .field("complete", &self.is_complete())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The head value of a completed flight's waiter stack (never a real node).
+fn closed() -> *mut Waiter {
+    NonNull::dangling().as_ptr()
+}
+
+impl<V> Flight<V> {
+    /// A flight led by the calling thread.
+    pub(crate) fn new(stale: Option<V>) -> Self {
+        Flight {
+            waiters: AtomicPtr::new(ptr::null_mut()),
+            result: UnsafeCell::new(None),
+            stale,
+            leader: thread::current().id(),
+        }
+    }
+
+    /// Whether the calling thread leads this flight (so waiting on it would deadlock).
+    pub(crate) fn led_by_current_thread(&self) -> bool {
+        self.leader == thread::current().id()
+    }
+
+    /// The expired value this load replaces, if one was kept.
+    pub(crate) fn stale(&self) -> Option<&V> {
+        self.stale.as_ref()
+    }
+
+    /// Whether the result is available.
+    pub(crate) fn is_complete(&self) -> bool {
+        // Acquire pairs with the Release swap in `complete`.
+        self.waiters.load(Ordering::Acquire) == closed()
+    }
+
+    /// The result, once complete.
+    pub(crate) fn result(&self) -> Option<&FlightResult<V>> {
+        if !self.is_complete() {
+            return None;
+        }
+        // SAFETY: complete, so the cell was written before the Release swap we synchronised
+        // with, and is never written again; shared reads are all that happen from now on.
+        self.result.with(|r| unsafe { (*r).as_ref() })
+    }
+
+    /// Stores the result and wakes every waiter.
+    ///
+    /// # Safety
+    /// Called at most once per flight, by its leader.
+    pub(crate) unsafe fn complete(&self, result: FlightResult<V>) {
+        // SAFETY: the caller is the only writer, and no reader reads before the close below.
+        self.result.with_mut(|r| unsafe { *r = Some(result) });
+        // AcqRel: Release publishes the result; Acquire makes the pushed nodes' fields visible.
+        let mut node = self.waiters.swap(closed(), Ordering::AcqRel);
+        debug_assert_ne!(node, closed(), "flight completed twice");
+        while !node.is_null() {
+            // SAFETY: each pushed node is an `Arc::into_raw` whose reference the stack owns;
+            // we took the whole stack, so we own those references now.
+            let waiter = unsafe { Arc::from_raw(node as *const Waiter) };
+            node = waiter.next as *mut Waiter;
+            // Release: the waiter that sees `notified` sees the result (already ordered by
+            // the swap above; this keeps the argument local).
+            waiter.notified.store(true, Ordering::Release);
+            waiter.thread.unpark();
+        }
+    }
+
+    /// Waits for the result until `deadline` (forever if `None`). `None` if the deadline passed
+    /// first; the flight carries on for the others either way.
+    pub(crate) fn wait(&self, deadline: Option<Instant>) -> Option<&FlightResult<V>> {
+        if let Some(r) = self.result() {
+            return Some(r);
+        }
+        let node = Arc::new(Waiter {
+            thread: thread::current(),
+            notified: AtomicBool::new(false),
+            next: ptr::null(),
+        });
+        let raw = Arc::into_raw(Arc::clone(&node)) as *mut Waiter;
+        let mut head = self.waiters.load(Ordering::Acquire);
+        loop {
+            if head == closed() {
+                // SAFETY: `raw` was never published; reclaim the stack's reference.
+                drop(unsafe { Arc::from_raw(raw) });
+                return self.result();
+            }
+            // SAFETY: `raw` is unpublished, so we are its only accessor.
+            unsafe { (*raw).next = head };
+            // Release publishes `next`; on failure, Acquire reads the new head.
+            match self.waiters.compare_exchange_weak(
+                head,
+                raw,
+                Ordering::Release,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(h) => head = h,
+            }
+        }
+        loop {
+            // Acquire pairs with the completer's Release store of `notified`.
+            if node.notified.load(Ordering::Acquire) {
+                return self.result();
+            }
+            match deadline {
+                None => thread::park(),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return self.result();
+                    }
+                    thread::park_timeout(d - now);
+                    // Under loom, a timed park models the deadline passing now.
+                    if cfg!(herdcache_loom) && !node.notified.load(Ordering::Acquire) {
+                        return self.result();
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl<V> Drop for Flight<V> {
+    fn drop(&mut self) {
+        // A flight is always completed before its last reference goes; if it was not (a bug),
+        // free the nodes anyway rather than leak them.
+        let mut node = self.waiters.load(Ordering::Acquire);
+        if node == closed() {
+            return;
+        }
+        while !node.is_null() {
+            // SAFETY: exclusive access; each node is an `Arc::into_raw` owned by the stack.
+            let waiter = unsafe { Arc::from_raw(node as *const Waiter) };
+            node = waiter.next as *mut Waiter;
+        }
+    }
+}
+
+#[cfg(all(test, not(herdcache_loom)))]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn every_waiter_gets_the_result_and_late_waiters_read_it_at_once() {
+        let flight: Arc<Flight<u32>> = Arc::new(Flight::new(None));
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let f = Arc::clone(&flight);
+                std::thread::spawn(move || match f.wait(None) {
+                    Some(FlightResult::Value(v)) => *v,
+                    other => panic!("{other:?}"),
+                })
+            })
+            .collect();
+        // SAFETY: this thread leads the flight and completes it once.
+        unsafe { flight.complete(FlightResult::Value(7)) };
+        for w in waiters {
+            assert_eq!(w.join().unwrap(), 7);
+        }
+        assert!(matches!(flight.wait(None), Some(FlightResult::Value(7))));
+    }
+
+    #[test]
+    fn a_waiter_past_its_deadline_leaves_and_the_flight_completes_anyway() {
+        let flight: Flight<u32> = Flight::new(Some(1));
+        let passed = Instant::now() - Duration::from_millis(1);
+        assert!(flight.wait(Some(passed)).is_none());
+        assert_eq!(flight.stale(), Some(&1));
+        // SAFETY: led by this thread, completed once.
+        unsafe { flight.complete(FlightResult::Panicked) };
+        assert!(matches!(flight.result(), Some(FlightResult::Panicked)));
+        assert!(flight.led_by_current_thread());
+    }
+}
