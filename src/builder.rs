@@ -78,6 +78,9 @@ pub struct CacheBuilder<K, V, S = DefaultHashBuilder> {
     pub(crate) initial_capacity: Option<usize>,
     pub(crate) time_to_live: Option<Duration>,
     pub(crate) negative_ttl: Option<Duration>,
+    pub(crate) refresh_after: Option<Duration>,
+    pub(crate) xfetch_beta: Option<f64>,
+    pub(crate) stale_if_error: bool,
     pub(crate) clock: Option<Arc<dyn Clock>>,
     pub(crate) hasher: S,
     _marker: PhantomData<fn(K, V)>,
@@ -90,6 +93,9 @@ impl<K, V, S> fmt::Debug for CacheBuilder<K, V, S> {
             .field("initial_capacity", &self.initial_capacity)
             .field("time_to_live", &self.time_to_live)
             .field("negative_ttl", &self.negative_ttl)
+            .field("refresh_after", &self.refresh_after)
+            .field("xfetch_beta", &self.xfetch_beta)
+            .field("stale_if_error", &self.stale_if_error)
             .field("clock", &self.clock)
             .finish_non_exhaustive()
     }
@@ -109,6 +115,9 @@ impl<K, V> CacheBuilder<K, V, DefaultHashBuilder> {
             initial_capacity: None,
             time_to_live: None,
             negative_ttl: None,
+            refresh_after: None,
+            xfetch_beta: None,
+            stale_if_error: false,
             clock: None,
             hasher: DefaultHashBuilder::default(),
             _marker: PhantomData,
@@ -150,6 +159,34 @@ impl<K, V, S> CacheBuilder<K, V, S> {
         self
     }
 
+    /// Stale-while-revalidate: once a value is `soft_ttl` old, the next
+    /// [`get_or_load`](Cache::get_or_load) of it starts one refresh while every reader keeps
+    /// getting the current value until its hard expiry (optional; must be shorter than
+    /// `time_to_live` when that is set).
+    pub fn refresh_after(mut self, soft_ttl: Duration) -> Self {
+        self.refresh_after = Some(soft_ttl);
+        self
+    }
+
+    /// XFetch probabilistic early refresh: a `get_or_load` hit refreshes the value when
+    /// `now - delta * beta * ln(U) >= expiry`, with `delta` the measured load time and `U`
+    /// uniform in (0, 1], so a hot key is refreshed shortly before it expires, by one reader.
+    /// Larger `beta` refreshes earlier. Off by default; 1.0 is the usual choice. Requires
+    /// `time_to_live`; `beta` must be finite, above 0 and at most 1000.
+    pub fn xfetch(mut self, beta: f64) -> Self {
+        self.xfetch_beta = Some(beta);
+        self
+    }
+
+    /// Stale-if-error: when an early refresh fails, keep serving the current value until its
+    /// hard expiry, and retry after a backoff that doubles per consecutive failure (100 ms up
+    /// to 30 s). Off by default: a failed refresh removes the entry and returns the error to
+    /// the caller that ran it.
+    pub fn stale_if_error(mut self, enabled: bool) -> Self {
+        self.stale_if_error = enabled;
+        self
+    }
+
     /// The clock expiry is measured with (default: [`SystemClock`]). Pass a
     /// [`ManualClock`](crate::ManualClock) to test time-dependent behaviour without sleeping.
     pub fn clock(mut self, clock: impl Clock) -> Self {
@@ -165,6 +202,9 @@ impl<K, V, S> CacheBuilder<K, V, S> {
             initial_capacity: self.initial_capacity,
             time_to_live: self.time_to_live,
             negative_ttl: self.negative_ttl,
+            refresh_after: self.refresh_after,
+            xfetch_beta: self.xfetch_beta,
+            stale_if_error: self.stale_if_error,
             clock: self.clock,
             hasher,
             _marker: PhantomData,
@@ -181,6 +221,7 @@ pub(crate) struct Settings {
     pub(crate) time_to_live: Option<u64>,
     /// How long a load error is cached, in nanoseconds, if at all.
     pub(crate) negative_ttl: Option<u64>,
+    pub(crate) refresh: crate::refresh::RefreshSettings,
     pub(crate) clock: TimeSource,
 }
 
@@ -250,6 +291,31 @@ where
         };
         let time_to_live = check_duration("time_to_live", self.time_to_live)?;
         let negative_ttl = check_duration("negative_ttl", self.negative_ttl)?;
+        let soft_ttl = check_duration("refresh_after", self.refresh_after)?;
+        if let (Some(soft), Some(hard)) = (soft_ttl, time_to_live) {
+            if soft >= hard {
+                return Err(BuildError::Invalid {
+                    setting: "refresh_after",
+                    reason: "must be shorter than time_to_live",
+                });
+            }
+        }
+        let beta = match self.xfetch_beta {
+            None => None,
+            Some(b) if !(b.is_finite() && b > 0.0 && b <= 1000.0) => {
+                return Err(BuildError::Invalid {
+                    setting: "xfetch",
+                    reason: "beta must be finite, above 0 and at most 1000",
+                })
+            }
+            Some(_) if time_to_live.is_none() => {
+                return Err(BuildError::Invalid {
+                    setting: "xfetch",
+                    reason: "needs time_to_live: XFetch refreshes ahead of an expiry",
+                })
+            }
+            Some(b) => Some(b),
+        };
         let clock = match &self.clock {
             Some(c) => TimeSource::Custom(Arc::clone(c)),
             None => TimeSource::System(SystemClock::new()),
@@ -259,6 +325,11 @@ where
             initial_capacity,
             time_to_live,
             negative_ttl,
+            refresh: crate::refresh::RefreshSettings {
+                soft_ttl,
+                beta,
+                stale_if_error: self.stale_if_error,
+            },
             clock,
         })
     }
@@ -267,6 +338,8 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const SEC: Duration = Duration::from_secs(1);
 
     fn builder() -> CacheBuilder<u64, u64> {
         CacheBuilder::new()
@@ -292,6 +365,44 @@ mod tests {
             (
                 builder().max_capacity(10).time_to_live(Duration::MAX),
                 "time_to_live",
+            ),
+            (
+                builder().max_capacity(10).negative_ttl(Duration::ZERO),
+                "negative_ttl",
+            ),
+            (builder().max_capacity(10).xfetch(1.0), "xfetch"),
+            (
+                builder().max_capacity(10).time_to_live(SEC).xfetch(0.0),
+                "xfetch",
+            ),
+            (
+                builder().max_capacity(10).time_to_live(SEC).xfetch(-1.0),
+                "xfetch",
+            ),
+            (
+                builder()
+                    .max_capacity(10)
+                    .time_to_live(SEC)
+                    .xfetch(f64::NAN),
+                "xfetch",
+            ),
+            (
+                builder()
+                    .max_capacity(10)
+                    .time_to_live(SEC)
+                    .xfetch(f64::INFINITY),
+                "xfetch",
+            ),
+            (
+                builder()
+                    .max_capacity(10)
+                    .time_to_live(SEC)
+                    .refresh_after(SEC),
+                "refresh_after",
+            ),
+            (
+                builder().max_capacity(10).refresh_after(Duration::ZERO),
+                "refresh_after",
             ),
         ];
         for (b, setting) in cases {

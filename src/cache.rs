@@ -16,6 +16,7 @@ use crate::clock::{duration_to_nanos, TimeSource};
 use crate::entry::{Entry, Kind, NEVER};
 use crate::local::{Domain, Pinned};
 use crate::policy::{Candidate, EvictionPolicy, FrequencyClock};
+use crate::refresh::RefreshSettings;
 use crate::stats::{Counter, Stats};
 use crate::table::{Node, Table};
 use crate::DefaultHashBuilder;
@@ -40,6 +41,7 @@ pub(crate) struct Inner<K, V, S> {
     pub(crate) max_capacity: usize,
     pub(crate) time_to_live: Option<u64>,
     pub(crate) negative_ttl: Option<u64>,
+    pub(crate) refresh: RefreshSettings,
     versions: AtomicU64,
     // Dropped last: dropping the domain frees this thread's handle, letting the collector
     // run the destructors of the entries retired above.
@@ -96,6 +98,7 @@ where
                 max_capacity: settings.max_capacity,
                 time_to_live: settings.time_to_live,
                 negative_ttl: settings.negative_ttl,
+                refresh: settings.refresh,
                 versions: AtomicU64::new(1),
                 domain: Domain::new(),
             }),
@@ -240,6 +243,22 @@ where
         }
     }
 
+    /// A ready entry written now, with its refresh plan (`delta`: measured load time;
+    /// `failures`: consecutive failed refreshes behind it).
+    pub(crate) fn ready_entry(
+        &self,
+        value: V,
+        expires_at: u64,
+        delta: u64,
+        failures: u32,
+    ) -> Entry<V> {
+        let refresh = self
+            .inner
+            .refresh
+            .state(self.now(), expires_at, delta, failures);
+        Entry::ready(self.next_version(), value, expires_at, refresh)
+    }
+
     /// A fresh version, unique within the cache.
     pub(crate) fn next_version(&self) -> u64 {
         // Relaxed: versions need uniqueness, which the RMW gives; they order nothing.
@@ -296,7 +315,7 @@ where
 
     fn insert_entry(&self, key: K, value: V, expires_at: u64, pinned: &Pinned<'_>) {
         let hash = self.inner.hasher.hash_one(&key);
-        let entry = Entry::ready(self.next_version(), value, expires_at);
+        let entry = self.ready_entry(value, expires_at, 0, 0);
         let node = Owned::new(Node::new(hash, key, entry));
         let key_ptr: *const K = &node.key;
         let replaced = self.inner.table.insert(

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::flight::Flight;
 use crate::policy::EntryState;
+use crate::refresh::RefreshState;
 
 /// Expiry of an entry that never expires.
 pub(crate) const NEVER: u64 = u64::MAX;
@@ -35,17 +36,25 @@ pub(crate) enum Kind<V> {
     },
 }
 
-/// A value and its expiry.
+/// A value, its expiry, and when to refresh it.
 #[derive(Debug)]
 pub(crate) struct Ready<V> {
     pub(crate) value: V,
     /// Hard expiry in clock nanoseconds, or [`NEVER`].
     pub(crate) expires_at: u64,
+    pub(crate) refresh: RefreshState,
 }
 
 impl<V> Entry<V> {
-    pub(crate) fn ready(version: u64, value: V, expires_at: u64) -> Self {
-        Self::with_kind(version, Kind::Ready(Ready { value, expires_at }))
+    pub(crate) fn ready(version: u64, value: V, expires_at: u64, refresh: RefreshState) -> Self {
+        Self::with_kind(
+            version,
+            Kind::Ready(Ready {
+                value,
+                expires_at,
+                refresh,
+            }),
+        )
     }
 
     pub(crate) fn loading(version: u64, flight: Arc<Flight<V>>) -> Self {
@@ -84,12 +93,14 @@ impl<V> Entry<V> {
         }
     }
 
-    /// The value, if this is a ready entry that has not expired.
+    /// The value a reader gets: a ready value that has not expired, or the value a refresh
+    /// in progress still serves until its hard expiry.
     #[inline]
     pub(crate) fn live_value(&self, now: impl FnOnce() -> u64) -> Option<&V> {
         match &self.kind {
-            Kind::Ready(r) if r.expires_at == NEVER || now() < r.expires_at => Some(&r.value),
-            _ => None,
+            Kind::Ready(r) => (r.expires_at == NEVER || now() < r.expires_at).then_some(&r.value),
+            Kind::Loading(flight) => flight.serving(now),
+            Kind::Failed { .. } => None,
         }
     }
 }

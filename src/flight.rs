@@ -55,8 +55,11 @@ pub(crate) struct Flight<V> {
     waiters: AtomicPtr<Waiter>,
     /// Written once by the leader before `waiters` is closed; read only after.
     result: UnsafeCell<Option<FlightResult<V>>>,
-    /// The expired value the load replaces, if any: what a waiter whose deadline passes gets.
+    /// The value the load replaces, if any: what a waiter whose deadline passes gets.
     stale: Option<V>,
+    /// Until when `stale` is still a valid value (its hard expiry): a refresh serves it to
+    /// readers without waiting until then. In the past for a load of an expired value.
+    stale_valid_until: u64,
     leader: ThreadId,
 }
 
@@ -81,14 +84,32 @@ fn closed() -> *mut Waiter {
 }
 
 impl<V> Flight<V> {
-    /// A flight led by the calling thread.
-    pub(crate) fn new(stale: Option<V>) -> Self {
+    /// A flight led by the calling thread, replacing `stale` (a value and its hard expiry)
+    /// if there is one.
+    pub(crate) fn new(stale: Option<(V, u64)>) -> Self {
+        let (stale, stale_valid_until) = match stale {
+            Some((v, until)) => (Some(v), until),
+            None => (None, 0),
+        };
         Flight {
             waiters: AtomicPtr::new(ptr::null_mut()),
             result: UnsafeCell::new(None),
             stale,
+            stale_valid_until,
             leader: thread::current().id(),
         }
+    }
+
+    /// The replaced value if it is still valid at `now` (a refresh in progress).
+    #[inline]
+    pub(crate) fn serving(&self, now: impl FnOnce() -> u64) -> Option<&V> {
+        let v = self.stale.as_ref()?;
+        (now() < self.stale_valid_until).then_some(v)
+    }
+
+    /// The hard expiry of the replaced value (0 if there is none).
+    pub(crate) fn stale_valid_until(&self) -> u64 {
+        self.stale_valid_until
     }
 
     /// Whether the calling thread leads this flight (so waiting on it would deadlock).
@@ -237,7 +258,7 @@ mod tests {
 
     #[test]
     fn a_waiter_past_its_deadline_leaves_and_the_flight_completes_anyway() {
-        let flight: Flight<u32> = Flight::new(Some(1));
+        let flight: Flight<u32> = Flight::new(Some((1, 0)));
         let passed = Instant::now() - Duration::from_millis(1);
         assert!(flight.wait(Some(passed)).is_none());
         assert_eq!(flight.stale(), Some(&1));

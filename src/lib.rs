@@ -84,6 +84,8 @@ mod flight;
 mod load;
 mod local;
 mod policy;
+mod refresh;
+mod rng;
 mod stats;
 mod sync;
 mod table;

@@ -177,19 +177,41 @@ where
         loop {
             let pinned = self.inner.domain.pin();
             let current = self.inner.table.get(hash, |k| k == key, &pinned.guard);
-            let mut stale = None;
+            // What a load started now replaces: the previous value with its hard expiry, and
+            // the previous entry's load-time estimate and refresh failures.
+            let mut replaced: Option<(V, u64)> = None;
+            let mut history = (0, 0);
+            let mut refresh = false;
             if let Some(node) = current {
                 let entry = &node.value;
+                let now = OnceNow::new(self);
                 match &entry.kind {
                     Kind::Ready(r) => {
-                        if let Some(v) = entry.live_value(|| self.now()) {
+                        history = (r.refresh.delta, r.refresh.failures);
+                        if let Some(v) = entry.live_value(|| now.get()) {
+                            self.inner.policy.on_hit(&entry.policy);
+                            pinned.count(Counter::Hits);
+                            let due = self.inner.refresh.active()
+                                && self.inner.refresh.due(
+                                    &r.refresh,
+                                    now.get(),
+                                    r.expires_at,
+                                    crate::rng::unit_open_closed,
+                                );
+                            if !due || !r.refresh.try_claim() {
+                                return Ok(v.clone());
+                            }
+                            refresh = true;
+                        }
+                        replaced = Some((r.value.clone(), r.expires_at));
+                    }
+                    Kind::Loading(flight) => {
+                        if let Some(v) = flight.serving(|| now.get()) {
+                            // A refresh is in progress: the current value is still valid.
                             self.inner.policy.on_hit(&entry.policy);
                             pinned.count(Counter::Hits);
                             return Ok(v.clone());
                         }
-                        stale = Some(r.value.clone());
-                    }
-                    Kind::Loading(flight) => {
                         let flight = Arc::clone(flight);
                         pinned.count(Counter::Misses);
                         drop(pinned);
@@ -199,7 +221,7 @@ where
                         }
                     }
                     Kind::Failed { error, .. } => {
-                        if !entry.is_expired(|| self.now()) {
+                        if !entry.is_expired(|| now.get()) {
                             if let Some(e) = downcast::<E>(error) {
                                 pinned.count(Counter::Misses);
                                 return Err(LoadError::Failed(e));
@@ -208,14 +230,16 @@ where
                     }
                 }
             }
-            pinned.count(Counter::Misses);
+            if !refresh {
+                pinned.count(Counter::Misses);
+            }
 
-            // Try to lead: replace exactly what we saw (nothing, an expired value, or a cached
-            // error) with our `Loading` entry. The version comparison, not the address, says
+            // Try to lead: replace exactly what we saw (nothing, a value, or a cached error)
+            // with our `Loading` entry. The version comparison, not the address, says
             // "unchanged".
             let seen = current.map(|n| n.value.version);
             let version = self.next_version();
-            let flight = Arc::new(Flight::new(stale));
+            let flight = Arc::new(Flight::new(replaced));
             let loading = Entry::loading(version, Arc::clone(&flight));
             let node = Owned::new(Node::new(hash, key.clone(), loading));
             let decide = |cur: Option<&Node<K, Entry<V>>>| {
@@ -232,7 +256,7 @@ where
             match outcome {
                 Outcome::Inserted(_) => {}
                 Outcome::Replaced(old, _) => {
-                    if old.value.is_expired(|| self.now()) {
+                    if !refresh && old.value.is_expired(|| self.now()) {
                         pinned.count(Counter::Expirations);
                     }
                 }
@@ -240,10 +264,13 @@ where
                 _ => continue,
             }
             pinned.count(Counter::Loads);
+            if refresh {
+                pinned.count(Counter::Refreshes);
+            }
             // Never hold a pin across user code that may take long: it would hold back
             // reclamation for every thread.
             drop(pinned);
-            return self.lead(key, hash, version, flight, loader);
+            return self.lead(key, hash, version, flight, history, loader);
         }
     }
 
@@ -273,12 +300,14 @@ where
     }
 
     /// Runs the loader as the flight's leader and finishes the flight on every path out.
+    /// `history` is the replaced entry's load-time estimate and failed-refresh count.
     fn lead<E, F>(
         &self,
         key: &K,
         hash: u64,
         version: u64,
         flight: Arc<Flight<V>>,
+        history: (u64, u32),
         loader: F,
     ) -> Result<V, LoadError<E>>
     where
@@ -293,26 +322,84 @@ where
             flight,
             finished: false,
         };
+        // Measured with the cache's clock, so a manual clock drives XFetch's delta in tests.
+        let started = self.now();
         let result = loader(key);
+        let finished = self.now();
+        let (previous_delta, failures) = history;
         match result {
             Ok(value) => {
-                lead.replace_loading(|v| Entry::ready(v, value.clone(), self.default_expiry()));
+                let delta = crate::refresh::next_delta(previous_delta, finished - started);
+                let expires_at = self.default_expiry();
+                lead.replace_loading(|| self.ready_entry(value.clone(), expires_at, delta, 0));
                 lead.finish(FlightResult::Value(value.clone()));
                 Ok(value)
             }
             Err(error) => {
                 let error = Arc::new(error);
                 let erased: Arc<dyn Any + Send + Sync> = error.clone();
+                let pinned = self.inner.domain.pin();
+                pinned.count(Counter::LoadErrors);
+                // Stale-if-error: a failed refresh of a still-valid value puts that value
+                // back, with a backoff before the next attempt.
+                let keep = lead
+                    .flight
+                    .serving(|| finished)
+                    .filter(|_| self.inner.refresh.stale_if_error)
+                    .cloned();
+                if let Some(old) = keep {
+                    let until = lead.flight.stale_valid_until();
+                    let entry =
+                        || self.ready_entry(old.clone(), until, previous_delta, failures + 1);
+                    lead.replace_loading(entry);
+                    pinned.count(Counter::RefreshFailures);
+                    drop(pinned);
+                    lead.finish(FlightResult::Value(old.clone()));
+                    return Ok(old);
+                }
                 match self.inner.negative_ttl {
                     Some(ttl) => {
-                        let expires_at = self.now().saturating_add(ttl);
-                        lead.replace_loading(|v| Entry::failed(v, Arc::clone(&erased), expires_at));
+                        let expires_at = finished.saturating_add(ttl);
+                        let entry =
+                            || Entry::failed(self.next_version(), Arc::clone(&erased), expires_at);
+                        lead.replace_loading(entry);
                     }
                     None => lead.remove_loading(),
                 }
-                self.inner.domain.pin().count(Counter::LoadErrors);
+                drop(pinned);
                 lead.finish(FlightResult::Failed(erased));
                 Err(LoadError::Failed(error))
+            }
+        }
+    }
+}
+
+/// Reads the cache's clock at most once, on first use.
+struct OnceNow<'a, K, V, S> {
+    cache: &'a Cache<K, V, S>,
+    now: std::cell::Cell<Option<u64>>,
+}
+
+impl<'a, K, V, S> OnceNow<'a, K, V, S>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    V: Send + Sync + 'static,
+    S: BuildHasher,
+{
+    fn new(cache: &'a Cache<K, V, S>) -> Self {
+        OnceNow {
+            cache,
+            now: std::cell::Cell::new(None),
+        }
+    }
+
+    fn get(&self) -> u64 {
+        match self.now.get() {
+            Some(n) => n,
+            None => {
+                let n = self.cache.now();
+                self.now.set(Some(n));
+                n
             }
         }
     }
@@ -341,16 +428,12 @@ where
     V: Clone + Send + Sync + 'static,
     S: BuildHasher,
 {
-    /// Replaces our `Loading` entry with `make(fresh version)` if the slot still holds it;
-    /// returns whether it did (it did not if an insert, invalidation or forget came first).
-    fn replace_loading(&self, make: impl FnOnce(u64) -> Entry<V>) -> bool {
+    /// Replaces our `Loading` entry with `make()` if the slot still holds it; returns whether
+    /// it did (it did not if an insert, invalidation or forget came first).
+    fn replace_loading(&self, make: impl FnOnce() -> Entry<V>) -> bool {
         let cache = self.cache;
         let pinned = cache.inner.domain.pin();
-        let node = Owned::new(Node::new(
-            self.hash,
-            self.key.clone(),
-            make(cache.next_version()),
-        ));
+        let node = Owned::new(Node::new(self.hash, self.key.clone(), make()));
         let ours = |cur: Option<&Node<K, Entry<V>>>| match cur {
             Some(n) if n.value.version == self.version => Decision::Put,
             _ => Decision::Keep,

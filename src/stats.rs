@@ -34,9 +34,11 @@ pub(crate) enum Counter {
     LoadErrors,
     LoadPanics,
     Timeouts,
+    Refreshes,
+    RefreshFailures,
 }
 
-const COUNTERS: usize = Counter::Timeouts as usize + 1;
+const COUNTERS: usize = Counter::RefreshFailures as usize + 1;
 
 /// A snapshot of a cache's counters, from [`Cache::stats`](crate::Cache::stats).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -67,6 +69,10 @@ pub struct Stats {
     pub load_panics: u64,
     /// Waiters that gave up at their deadline (served stale, or a timeout error).
     pub timeouts: u64,
+    /// Early refreshes started (XFetch or soft TTL); each is also counted in `loads`.
+    pub refreshes: u64,
+    /// Refreshes that failed while the old value stayed in place (stale-if-error).
+    pub refresh_failures: u64,
 }
 
 impl Stats {
@@ -220,6 +226,8 @@ impl CounterRegistry {
             load_errors: get(Counter::LoadErrors),
             load_panics: get(Counter::LoadPanics),
             timeouts: get(Counter::Timeouts),
+            refreshes: get(Counter::Refreshes),
+            refresh_failures: get(Counter::RefreshFailures),
         }
     }
 }

@@ -1,0 +1,253 @@
+//! Early refresh: when a hit should start a refresh (XFetch, soft TTL), the per-entry flag
+//! that lets only one caller start it, and the backoff after a failed refresh.
+//!
+//! A refresh is a load whose flight still serves the current value until its hard expiry
+//! (see `load.rs`): readers keep getting that value without waiting, and a reader that meets
+//! the hard expiry mid-refresh waits on the same flight, so a key never has two loads at once.
+//!
+//! # The hit's cost
+//! Each entry carries `check_at`, the first instant at which any refresh rule could fire:
+//! the soft expiry, or the point where XFetch's draw could first say yes. `-ln U` for a 53-bit
+//! `U` is below [`MAX_NEG_LN_U`], so XFetch (refresh when `now - delta * beta * ln U >=
+//! expiry`) cannot fire while `expiry - now > MAX_NEG_LN_U * delta * beta`. Before `check_at`,
+//! a hit pays one comparison; after it, XFetch draws from a per-thread RNG.
+
+use crate::entry::NEVER;
+use crate::sync::{AtomicBool, Ordering};
+
+/// Upper bound of `-ln U` for `U` in (0, 1] with 53 bits: `53 ln 2 = 36.74`.
+pub(crate) const MAX_NEG_LN_U: f64 = 36.8;
+
+/// First backoff after a failed refresh; it doubles per consecutive failure.
+const BACKOFF_BASE_NANOS: u64 = 100_000_000;
+/// Longest backoff.
+const BACKOFF_MAX_NANOS: u64 = 30_000_000_000;
+
+/// The cache's refresh settings.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RefreshSettings {
+    /// Soft TTL: refresh once a value is this old (nanoseconds).
+    pub(crate) soft_ttl: Option<u64>,
+    /// XFetch's beta.
+    pub(crate) beta: Option<f64>,
+    /// Keep serving the old value (until its hard expiry) when a refresh fails.
+    pub(crate) stale_if_error: bool,
+}
+
+/// Per-entry refresh state, fixed when the entry is written (a refresh writes a new entry),
+/// except the claim flag.
+#[derive(Debug)]
+pub(crate) struct RefreshState {
+    /// No rule can fire before this instant.
+    check_at: u64,
+    soft_at: u64,
+    /// Measured load time (EWMA), nanoseconds.
+    pub(crate) delta: u64,
+    /// Consecutive failed refreshes behind this entry.
+    pub(crate) failures: u32,
+    /// Set by the one caller that starts this entry's refresh.
+    claimed: AtomicBool,
+}
+
+impl RefreshState {
+    /// Claims this entry's refresh; true for exactly one caller. Test before set: once it is
+    /// claimed, readers only read the flag. Relaxed: the claim elects, the CAS that then
+    /// installs the refresh's flight on the slot orders everything else.
+    pub(crate) fn try_claim(&self) -> bool {
+        !self.claimed.load(Ordering::Relaxed)
+            && self
+                .claimed
+                .compare_exchange(false, true, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+}
+
+/// Whether XFetch says refresh: `now - delta * beta * ln(u) >= expiry`.
+#[inline]
+pub(crate) fn xfetch_due(now: u64, expiry: u64, delta: u64, beta: f64, u: f64) -> bool {
+    now as f64 - delta as f64 * beta * u.ln() >= expiry as f64
+}
+
+/// New EWMA of the load time (weight 1/4 on the new sample).
+pub(crate) fn next_delta(previous: u64, sample: u64) -> u64 {
+    if previous == 0 {
+        sample
+    } else {
+        previous - previous / 4 + sample / 4
+    }
+}
+
+impl RefreshSettings {
+    /// Whether any refresh rule is configured.
+    pub(crate) fn active(&self) -> bool {
+        self.soft_ttl.is_some() || self.beta.is_some()
+    }
+
+    /// State for an entry written at `now` that expires at `expires_at`, whose loads take
+    /// `delta`, after `failures` failed refreshes (each backing off the next attempt).
+    ///
+    /// After a failure the value is the same old value, still due: the retry waits only for
+    /// the backoff, not for a new soft TTL.
+    pub(crate) fn state(
+        &self,
+        now: u64,
+        expires_at: u64,
+        delta: u64,
+        failures: u32,
+    ) -> RefreshState {
+        let soft_at = match self.soft_ttl {
+            _ if failures > 0 => now,
+            Some(s) => now.saturating_add(s),
+            None => NEVER,
+        };
+        let xfetch_from = match self.beta {
+            Some(beta) if expires_at != NEVER && delta > 0 => {
+                let window = (delta as f64 * beta * MAX_NEG_LN_U).ceil();
+                expires_at.saturating_sub(window.min(u64::MAX as f64) as u64)
+            }
+            _ => NEVER,
+        };
+        let not_before = if failures == 0 {
+            0
+        } else {
+            let backoff = BACKOFF_BASE_NANOS
+                .saturating_mul(1u64 << (failures - 1).min(20))
+                .min(BACKOFF_MAX_NANOS);
+            now.saturating_add(backoff)
+        };
+        RefreshState {
+            check_at: soft_at.min(xfetch_from).max(not_before),
+            soft_at,
+            delta,
+            failures,
+            claimed: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether a hit at `now` on an entry expiring at `expires_at` should start a refresh.
+    /// `draw` gives XFetch's `U` and is called only inside XFetch's window.
+    #[inline]
+    pub(crate) fn due(
+        &self,
+        state: &RefreshState,
+        now: u64,
+        expires_at: u64,
+        draw: impl FnOnce() -> f64,
+    ) -> bool {
+        if now < state.check_at {
+            return false;
+        }
+        if now >= state.soft_at {
+            return true;
+        }
+        match self.beta {
+            Some(beta) => xfetch_due(now, expires_at, state.delta, beta, draw()),
+            None => false,
+        }
+    }
+}
+
+#[cfg(all(test, not(herdcache_loom)))]
+mod tests {
+    use super::*;
+    use rand_xoshiro::rand_core::{Rng, SeedableRng};
+    use rand_xoshiro::Xoshiro256PlusPlus;
+
+    const SEC: u64 = 1_000_000_000;
+
+    fn xfetch(beta: f64) -> RefreshSettings {
+        RefreshSettings {
+            beta: Some(beta),
+            ..RefreshSettings::default()
+        }
+    }
+
+    #[test]
+    fn xfetch_never_fires_beyond_its_window_whatever_the_draw() {
+        let s = xfetch(2.0);
+        let expiry = 1_000 * SEC;
+        let delta = SEC;
+        let st = s.state(0, expiry, delta, 0);
+        let window = (MAX_NEG_LN_U * 2.0 * SEC as f64) as u64;
+        // Even the most extreme draw cannot fire just outside the window.
+        let smallest_u = crate::rng::to_unit(0);
+        let outside = expiry - window - 1;
+        assert!(!s.due(&st, outside, expiry, || smallest_u));
+        assert!(!xfetch_due(outside, expiry, delta, 2.0, smallest_u));
+        // And a draw is not even made there.
+        assert!(!s.due(&st, outside, expiry, || unreachable!(
+            "no draw outside the window"
+        )));
+    }
+
+    #[test]
+    fn xfetch_probability_rises_toward_expiry_as_theory_says() {
+        // P(refresh at distance d before expiry) = P(-ln U >= d / (delta beta))
+        //                                        = exp(-d / (delta beta)).
+        let (beta, delta, expiry) = (1.0, SEC, 100 * SEC);
+        let s = xfetch(beta);
+        let st = s.state(0, expiry, delta, 0);
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(42);
+        let n = 20_000;
+        let mut last = 0.0;
+        for d_tenths in [40u64, 20, 10, 5, 1] {
+            let d = d_tenths * SEC / 10;
+            let hits = (0..n)
+                .filter(|_| {
+                    let u = crate::rng::to_unit(rng.next_u64());
+                    s.due(&st, expiry - d, expiry, || u)
+                })
+                .count();
+            let observed = hits as f64 / n as f64;
+            let expected = (-(d as f64) / (delta as f64 * beta)).exp();
+            // Binomial sd <= 0.0036 at n = 20,000: 0.02 is more than 5 sd.
+            assert!(
+                (observed - expected).abs() < 0.02,
+                "d={d}: {observed} vs {expected}"
+            );
+            assert!(observed > last, "probability must rise toward expiry");
+            last = observed;
+        }
+    }
+
+    #[test]
+    fn soft_ttl_fires_from_the_soft_expiry_on() {
+        let s = RefreshSettings {
+            soft_ttl: Some(10 * SEC),
+            ..RefreshSettings::default()
+        };
+        let st = s.state(5 * SEC, 60 * SEC, 0, 0);
+        assert!(!s.due(&st, 15 * SEC - 1, 60 * SEC, || 1.0));
+        assert!(s.due(&st, 15 * SEC, 60 * SEC, || 1.0));
+    }
+
+    #[test]
+    fn failures_back_off_exponentially_up_to_a_cap() {
+        let s = RefreshSettings {
+            soft_ttl: Some(1),
+            ..RefreshSettings::default()
+        };
+        let at = |failures| s.state(0, NEVER, 0, failures).check_at;
+        assert_eq!(at(0), 1);
+        // After a failure, due again as soon as the backoff ends.
+        let st = s.state(0, NEVER, 0, 1);
+        assert!(!s.due(&st, BACKOFF_BASE_NANOS - 1, NEVER, || 1.0));
+        assert!(s.due(&st, BACKOFF_BASE_NANOS, NEVER, || 1.0));
+        assert_eq!(at(1), BACKOFF_BASE_NANOS);
+        assert_eq!(at(3), 4 * BACKOFF_BASE_NANOS);
+        assert_eq!(at(40), BACKOFF_MAX_NANOS);
+    }
+
+    #[test]
+    fn only_one_caller_claims_a_refresh() {
+        let st = xfetch(1.0).state(0, NEVER, 0, 0);
+        assert!(st.try_claim());
+        assert!(!st.try_claim());
+    }
+
+    #[test]
+    fn delta_is_a_moving_average() {
+        assert_eq!(next_delta(0, 100), 100);
+        assert_eq!(next_delta(100, 200), 125);
+    }
+}

@@ -1,0 +1,221 @@
+//! Early refresh with a manual clock: soft TTL (stale-while-revalidate), XFetch's window,
+//! one refresh at a time, stale-if-error, and refreshes racing writes.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::Barrier;
+use std::thread;
+use std::time::Duration;
+
+use herdcache::{Cache, CacheBuilder, LoadError, ManualClock};
+
+type C = Cache<u64, u64>;
+const SEC: Duration = Duration::from_secs(1);
+
+fn builder(clock: &ManualClock) -> CacheBuilder<u64, u64> {
+    Cache::builder()
+        .max_capacity(100)
+        .time_to_live(60 * SEC)
+        .clock(clock.clone())
+}
+
+fn never(_: &u64) -> Result<u64, String> {
+    panic!("the loader must not run here")
+}
+
+/// Starts a refresh of `key` whose loader returns `value` once released; returns when the
+/// refresh is in flight.
+fn held_refresh(c: &C, key: u64, value: u64) -> (mpsc::Sender<()>, thread::JoinHandle<u64>) {
+    let (release, gate) = mpsc::channel::<()>();
+    let (started, is_started) = mpsc::channel();
+    let c2 = c.clone();
+    let t = thread::spawn(move || {
+        c2.get_or_load(&key, |_| {
+            started.send(()).unwrap();
+            gate.recv().unwrap();
+            Ok::<_, String>(value)
+        })
+        .unwrap()
+    });
+    is_started.recv().unwrap();
+    (release, t)
+}
+
+#[test]
+fn after_the_soft_ttl_readers_keep_the_value_while_one_refresh_runs() {
+    let clock = ManualClock::new();
+    let c: C = builder(&clock).refresh_after(10 * SEC).build().unwrap();
+    assert_eq!(c.get_or_load(&1, |_| Ok::<_, String>(1)).unwrap(), 1);
+    clock.advance(9 * SEC);
+    assert_eq!(
+        c.get_or_load(&1, never).unwrap(),
+        1,
+        "before the soft TTL: no refresh"
+    );
+    clock.advance(2 * SEC);
+    let (release, refresher) = held_refresh(&c, 1, 2);
+    // While it runs, nobody waits and nobody else loads.
+    for _ in 0..100 {
+        assert_eq!(c.get_or_load(&1, never).unwrap(), 1);
+        assert_eq!(c.get(&1), Some(1));
+    }
+    release.send(()).unwrap();
+    assert_eq!(refresher.join().unwrap(), 2);
+    assert_eq!(c.get(&1), Some(2));
+    let s = c.stats();
+    assert_eq!((s.loads, s.refreshes, s.coalesced_waits), (2, 1, 0));
+}
+
+#[test]
+fn concurrent_readers_of_a_due_key_start_exactly_one_refresh() {
+    let clock = ManualClock::new();
+    let c: C = builder(&clock).refresh_after(10 * SEC).build().unwrap();
+    c.get_or_load(&1, |_| Ok::<_, String>(1)).unwrap();
+    clock.advance(11 * SEC);
+    let calls = AtomicUsize::new(0);
+    let n = 6;
+    let barrier = Barrier::new(n);
+    let (release, gate) = mpsc::channel::<()>();
+    let gate = std::sync::Mutex::new(gate);
+    let served = AtomicUsize::new(0);
+    thread::scope(|s| {
+        for _ in 0..n {
+            s.spawn(|| {
+                barrier.wait();
+                let v = c
+                    .get_or_load(&1, |_| {
+                        calls.fetch_add(1, Ordering::SeqCst);
+                        gate.lock().unwrap().recv().unwrap();
+                        Ok::<_, String>(2)
+                    })
+                    .unwrap();
+                if v == 1 {
+                    served.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+        }
+        // Every reader but the refresher returns the current value without waiting.
+        while served.load(Ordering::SeqCst) < n - 1 {
+            thread::yield_now();
+        }
+        release.send(()).unwrap();
+    });
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(c.get(&1), Some(2));
+}
+
+#[test]
+fn past_the_hard_expiry_readers_wait_on_the_refresh_instead_of_loading_again() {
+    let clock = ManualClock::new();
+    let c: C = builder(&clock).refresh_after(10 * SEC).build().unwrap();
+    c.get_or_load(&1, |_| Ok::<_, String>(1)).unwrap();
+    clock.advance(11 * SEC);
+    let (release, refresher) = held_refresh(&c, 1, 2);
+    clock.advance(60 * SEC);
+    assert_eq!(c.get(&1), None, "the old value is past its hard expiry");
+    let waiter = {
+        let c = c.clone();
+        thread::spawn(move || c.get_or_load(&1, never).unwrap())
+    };
+    while c.stats().coalesced_waits == 0 {
+        thread::yield_now();
+    }
+    release.send(()).unwrap();
+    assert_eq!(refresher.join().unwrap(), 2);
+    assert_eq!(waiter.join().unwrap(), 2);
+    assert_eq!(c.stats().loads, 2);
+}
+
+#[test]
+fn xfetch_does_not_refresh_outside_its_window_and_refreshes_once_near_expiry() {
+    let clock = ManualClock::new();
+    let c: C = builder(&clock).xfetch(1.0).build().unwrap();
+    // The load takes 1 s of (manual) time: delta = 1 s.
+    c.get_or_load(&1, |_| {
+        clock.advance(SEC);
+        Ok::<_, String>(1)
+    })
+    .unwrap();
+    // Expiry is 60 s after the load finished. Outside the window (36.8 s * delta * beta)
+    // no draw can refresh, so the loader must never run.
+    clock.advance(60 * SEC - Duration::from_millis(36_900));
+    for _ in 0..10_000 {
+        assert_eq!(c.get_or_load(&1, never).unwrap(), 1);
+    }
+    // 1 ms before expiry a draw refreshes with probability exp(-0.001) per read.
+    clock.advance(Duration::from_millis(36_899));
+    let calls = AtomicUsize::new(0);
+    for _ in 0..100 {
+        c.get_or_load(&1, |_| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>(2)
+        })
+        .unwrap();
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "exactly one early refresh");
+    assert_eq!(c.get(&1), Some(2));
+    assert_eq!(c.stats().refreshes, 1);
+}
+
+#[test]
+fn a_failed_refresh_keeps_the_value_with_stale_if_error_and_backs_off() {
+    let clock = ManualClock::new();
+    let c: C = builder(&clock)
+        .refresh_after(10 * SEC)
+        .stale_if_error(true)
+        .build()
+        .unwrap();
+    c.get_or_load(&1, |_| Ok::<_, String>(1)).unwrap();
+    clock.advance(11 * SEC);
+    let v = c.get_or_load(&1, |_| Err::<u64, _>("down".to_owned()));
+    assert_eq!(v.unwrap(), 1, "the refresher is served the old value");
+    assert_eq!(c.stats().refresh_failures, 1);
+    // Backing off: no immediate retry.
+    assert_eq!(c.get_or_load(&1, never).unwrap(), 1);
+    clock.advance(Duration::from_millis(100));
+    assert_eq!(c.get_or_load(&1, |_| Ok::<_, String>(2)).unwrap(), 2);
+}
+
+#[test]
+fn a_failed_refresh_without_stale_if_error_reports_and_drops_the_value() {
+    let clock = ManualClock::new();
+    let c: C = builder(&clock).refresh_after(10 * SEC).build().unwrap();
+    c.get_or_load(&1, |_| Ok::<_, String>(1)).unwrap();
+    clock.advance(11 * SEC);
+    let v = c.get_or_load(&1, |_| Err::<u64, _>("down".to_owned()));
+    assert!(matches!(v, Err(LoadError::Failed(_))));
+    assert_eq!(c.get(&1), None);
+}
+
+#[test]
+fn a_refresh_that_raced_an_invalidation_never_puts_the_old_key_back() {
+    let clock = ManualClock::new();
+    let c: C = builder(&clock).refresh_after(10 * SEC).build().unwrap();
+    c.get_or_load(&1, |_| Ok::<_, String>(1)).unwrap();
+    clock.advance(11 * SEC);
+    let (release, refresher) = held_refresh(&c, 1, 2);
+    assert!(
+        c.invalidate(&1),
+        "the value being refreshed was still valid"
+    );
+    release.send(()).unwrap();
+    assert_eq!(
+        refresher.join().unwrap(),
+        2,
+        "its own caller still gets the result"
+    );
+    assert_eq!(c.get(&1), None);
+}
+
+#[test]
+fn an_insert_during_a_refresh_wins() {
+    let clock = ManualClock::new();
+    let c: C = builder(&clock).refresh_after(10 * SEC).build().unwrap();
+    c.get_or_load(&1, |_| Ok::<_, String>(1)).unwrap();
+    clock.advance(11 * SEC);
+    let (release, refresher) = held_refresh(&c, 1, 2);
+    c.insert(1, 7);
+    release.send(()).unwrap();
+    refresher.join().unwrap();
+    assert_eq!(c.get(&1), Some(7));
+}
