@@ -25,7 +25,7 @@ use crate::stats::Counter;
 use crate::table::{Decision, Node, Outcome};
 
 /// Why [`Cache::get_or_load`] returned no value.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LoadError<E> {
     /// The loader returned this error (the same `Arc` for every caller that waited on the

@@ -22,7 +22,20 @@ pub(crate) struct Domain {
     collector: Collector,
     counters: CounterRegistry,
     alive: Arc<()>,
+    #[cfg(herdcache_loom)]
+    loom_handles: std::sync::Mutex<Vec<(loom::thread::ThreadId, LoomHandle)>>,
 }
+
+/// A loom thread's handle, kept in the domain (loom runs every model thread on one OS thread).
+#[cfg(herdcache_loom)]
+#[derive(Debug)]
+struct LoomHandle(Box<LocalHandle>);
+
+// SAFETY: each handle is used only by the loom thread whose id it is stored under (and
+// dropped with the domain, when no thread uses the cache any more); loom runs all model
+// threads on one OS thread, so the handle never crosses OS threads.
+#[cfg(herdcache_loom)]
+unsafe impl Send for LoomHandle {}
 
 struct Local {
     id: u64,
@@ -68,6 +81,8 @@ impl Domain {
             collector: Collector::new(),
             counters: CounterRegistry::new(),
             alive: Arc::new(()),
+            #[cfg(herdcache_loom)]
+            loom_handles: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -76,11 +91,35 @@ impl Domain {
     }
 
     /// Pins this cache's epoch on the calling thread. Under loom, handles must not outlive a
-    /// model execution, so each pin registers afresh.
+    /// model execution, and loom destroys thread-locals only after it: each loom thread's
+    /// handle lives in the domain instead (one per thread, as in production).
     #[cfg(herdcache_loom)]
     pub(crate) fn pin(&self) -> Pinned<'_> {
+        // The lock is never held across a loom operation: loom runs every model thread on one
+        // OS thread, so a thread switch inside it would deadlock.
+        let me = loom::thread::current().id();
+        let find = || {
+            let handles = self.loom_handles.lock().unwrap_or_else(|e| e.into_inner());
+            handles
+                .iter()
+                .find(|(id, _)| *id == me)
+                .map(|(_, h)| &*h.0 as *const LocalHandle)
+        };
+        let handle = match find() {
+            Some(h) => h,
+            None => {
+                let fresh = Box::new(self.collector.register());
+                let ptr = &*fresh as *const LocalHandle;
+                let mut handles = self.loom_handles.lock().unwrap_or_else(|e| e.into_inner());
+                handles.push((me, LoomHandle(fresh)));
+                ptr
+            }
+        };
+        // SAFETY: handles are boxed (their address survives the vector growing) and dropped
+        // only with the domain, which outlives `&self`; only this loom thread uses this one.
+        let guard = unsafe { &*handle }.pin();
         Pinned {
-            guard: self.collector.register().pin(),
+            guard,
             counters: self.counters.shared(),
             owned: false,
         }

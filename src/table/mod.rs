@@ -9,8 +9,10 @@
 //! - A slot only moves forward: empty, live (replaced in place by nodes of the same key),
 //!   tombstone, and finally frozen by a migration. A slot is claimed by one key for the life
 //!   of its array; tombstones are never reused in place, only dropped by a migration.
-//! - Insertion claims the first empty slot of the key's probe sequence, and lookups stop at
-//!   the first empty slot. Because slots never return to empty, a key has at most one live
+//! - Insertion claims the first empty slot of the key's probe sequence (CAS on the pointer,
+//!   then the tag byte is stored), and lookups stop at the first unclaimed slot: an empty tag
+//!   whose pointer is null. A claimed slot whose tag is not yet stored is examined like a tag
+//!   match, so readers and writers agree on what is present. Because slots never return to empty, a key has at most one live
 //!   slot per array and a lookup that stops at an empty slot did not miss it.
 //! - Migration (grow, shrink, or same-size rehash to drop tombstones): a writer that finds the
 //!   array too full allocates the next array and links it; every writer that sees the link
@@ -151,14 +153,21 @@ impl<K, V> Table<K, V> {
                 // Acquire pairs with the Release tag store after a claim: seeing the tag
                 // means seeing the slot's claim.
                 let t = a.tags[i].load(Ordering::Acquire);
-                if t == TAG_EMPTY {
-                    break;
-                }
-                if t != tag {
+                if t != TAG_EMPTY && t != tag {
                     continue;
                 }
                 // Acquire pairs with the Release CAS that published the node.
                 let p = a.slots[i].load(Ordering::Acquire, guard);
+                if t == TAG_EMPTY && p.is_null() {
+                    if p.tag() & SlotBits::TOMBSTONE != 0 {
+                        continue; // claimed and removed before its tag was stored
+                    }
+                    // Unclaimed: the probe ends. (A slot claimed but whose tag is not yet
+                    // stored is examined below like a tag match; stopping there would make
+                    // lookups miss a key that writers see, so a caller that loads on a miss
+                    // would retry until the claiming writer runs again.)
+                    break;
+                }
                 // SAFETY: a non-null slot pointer is a node that is not yet reclaimed: it is
                 // retired only after being unlinked, and the guard keeps it alive since.
                 let Some(node) = (unsafe { p.as_ref() }) else {
