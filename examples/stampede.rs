@@ -104,6 +104,7 @@ struct Report {
     p99: Duration,
     max: Duration,
     expiries: f64,
+    hit_ratio: f64,
 }
 
 fn run(mode: Mode, a: Args) -> Report {
@@ -173,6 +174,7 @@ fn run(mode: Mode, a: Args) -> Report {
         p99: pct(0.99),
         max: *all.last().unwrap_or(&Duration::ZERO),
         expiries: elapsed.as_secs_f64() / (a.ttl + a.load).as_secs_f64(),
+        hit_ratio: cache.stats().hit_ratio(),
     }
 }
 
@@ -195,7 +197,7 @@ fn main() {
         a.readers, a.rate, a.load, a.ttl, a.run
     );
     println!(
-        "{:<36} {:>9} {:>10} {:>9} {:>8} {:>9} {:>9} {:>9} {:>8}",
+        "{:<36} {:>6} {:>10} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:>9}",
         "configuration",
         "loads",
         "per expiry",
@@ -204,12 +206,13 @@ fn main() {
         "p50",
         "p99",
         "max",
-        "at once"
+        "at once",
+        "hit ratio"
     );
     for mode in [Mode::Naive, Mode::SingleFlight, Mode::XFetch, Mode::SoftTtl] {
         let r = run(mode, a);
         println!(
-            "{:<36} {:>9} {:>10.2} {:>9} {:>8} {:>9.1?} {:>9.1?} {:>9.1?} {:>7.2}%",
+            "{:<36} {:>6} {:>10.2} {:>8} {:>8} {:>9.1?} {:>9.1?} {:>9.1?} {:>7.2}% {:>8.2}%",
             mode.name(a.beta),
             r.loads,
             r.loads as f64 / r.expiries,
@@ -218,11 +221,13 @@ fn main() {
             r.p50,
             r.p99,
             r.max,
-            100.0 * (r.reads - r.blocked) as f64 / r.reads.max(1) as f64
+            100.0 * (r.reads - r.blocked) as f64 / r.reads.max(1) as f64,
+            100.0 * r.hit_ratio
         );
     }
     println!(
         "\nloads per expiry: source loads / (run time / (TTL + load time)); blocked: reads \
-         that took at least half a load; at once: the other reads."
+         that took at least half a load; at once: the other reads; hit ratio: the cache's \
+         (reads answered from a cached value, including one being refreshed)."
     );
 }
