@@ -81,6 +81,7 @@ pub struct CacheBuilder<K, V, S = DefaultHashBuilder> {
     pub(crate) refresh_after: Option<Duration>,
     pub(crate) xfetch_beta: Option<f64>,
     pub(crate) stale_if_error: bool,
+    pub(crate) max_concurrent_loads: Option<usize>,
     pub(crate) clock: Option<Arc<dyn Clock>>,
     pub(crate) hasher: S,
     _marker: PhantomData<fn(K, V)>,
@@ -96,6 +97,7 @@ impl<K, V, S> fmt::Debug for CacheBuilder<K, V, S> {
             .field("refresh_after", &self.refresh_after)
             .field("xfetch_beta", &self.xfetch_beta)
             .field("stale_if_error", &self.stale_if_error)
+            .field("max_concurrent_loads", &self.max_concurrent_loads)
             .field("clock", &self.clock)
             .finish_non_exhaustive()
     }
@@ -118,6 +120,7 @@ impl<K, V> CacheBuilder<K, V, DefaultHashBuilder> {
             refresh_after: None,
             xfetch_beta: None,
             stale_if_error: false,
+            max_concurrent_loads: None,
             clock: None,
             hasher: DefaultHashBuilder::default(),
             _marker: PhantomData,
@@ -187,6 +190,20 @@ impl<K, V, S> CacheBuilder<K, V, S> {
         self
     }
 
+    /// Admission control: at most `loads` loads (initial loads and refreshes, all keys
+    /// together) run at once (optional; at least 1). A caller over the bound serves the stale
+    /// value it would replace, if there is one; otherwise it waits for a permit, until its
+    /// deadline if it has one. A due refresh that finds no permit is skipped (readers keep the
+    /// current value). Hits never touch the limiter.
+    ///
+    /// A loader that itself loads other keys from the same cache holds a permit while waiting
+    /// for another: with `loads` such loaders at once, they wait on each other. Give nested
+    /// loads a deadline, or a bound above the nesting depth.
+    pub fn max_concurrent_loads(mut self, loads: usize) -> Self {
+        self.max_concurrent_loads = Some(loads);
+        self
+    }
+
     /// The clock expiry is measured with (default: [`SystemClock`]). Pass a
     /// [`ManualClock`](crate::ManualClock) to test time-dependent behaviour without sleeping.
     pub fn clock(mut self, clock: impl Clock) -> Self {
@@ -205,6 +222,7 @@ impl<K, V, S> CacheBuilder<K, V, S> {
             refresh_after: self.refresh_after,
             xfetch_beta: self.xfetch_beta,
             stale_if_error: self.stale_if_error,
+            max_concurrent_loads: self.max_concurrent_loads,
             clock: self.clock,
             hasher,
             _marker: PhantomData,
@@ -222,6 +240,7 @@ pub(crate) struct Settings {
     /// How long a load error is cached, in nanoseconds, if at all.
     pub(crate) negative_ttl: Option<u64>,
     pub(crate) refresh: crate::refresh::RefreshSettings,
+    pub(crate) max_concurrent_loads: Option<usize>,
     pub(crate) clock: TimeSource,
 }
 
@@ -316,6 +335,12 @@ where
             }
             Some(b) => Some(b),
         };
+        if self.max_concurrent_loads == Some(0) {
+            return Err(BuildError::Invalid {
+                setting: "max_concurrent_loads",
+                reason: "must be at least 1",
+            });
+        }
         let clock = match &self.clock {
             Some(c) => TimeSource::Custom(Arc::clone(c)),
             None => TimeSource::System(SystemClock::new()),
@@ -330,6 +355,7 @@ where
                 beta,
                 stale_if_error: self.stale_if_error,
             },
+            max_concurrent_loads: self.max_concurrent_loads,
             clock,
         })
     }

@@ -15,6 +15,7 @@ use crate::builder::{CacheBuilder, Settings};
 use crate::clock::{duration_to_nanos, TimeSource};
 use crate::entry::{Entry, Kind, NEVER};
 use crate::local::{Domain, Pinned};
+use crate::pacing::Limiter;
 use crate::policy::{Candidate, EvictionPolicy, FrequencyClock};
 use crate::refresh::RefreshSettings;
 use crate::stats::{Counter, Stats};
@@ -42,6 +43,7 @@ pub(crate) struct Inner<K, V, S> {
     pub(crate) time_to_live: Option<u64>,
     pub(crate) negative_ttl: Option<u64>,
     pub(crate) refresh: RefreshSettings,
+    pub(crate) limiter: Option<Limiter>,
     versions: AtomicU64,
     // Dropped last: dropping the domain frees this thread's handle, letting the collector
     // run the destructors of the entries retired above.
@@ -99,6 +101,7 @@ where
                 time_to_live: settings.time_to_live,
                 negative_ttl: settings.negative_ttl,
                 refresh: settings.refresh,
+                limiter: settings.max_concurrent_loads.map(Limiter::new),
                 versions: AtomicU64::new(1),
                 domain: Domain::new(),
             }),
@@ -228,6 +231,16 @@ where
     /// A snapshot of the counters (summed over threads; see [`Stats`]).
     pub fn stats(&self) -> Stats {
         self.inner.domain.counters().snapshot()
+    }
+
+    /// Whether `key` has a live value, without counting a lookup or touching the policy.
+    pub(crate) fn peek_live(&self, key: &K) -> bool {
+        let pinned = self.inner.domain.pin();
+        let hash = self.inner.hasher.hash_one(key);
+        self.inner
+            .table
+            .get(hash, |k| k == key, &pinned.guard)
+            .is_some_and(|n| n.value.live_value(|| self.now()).is_some())
     }
 
     #[inline]

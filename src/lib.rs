@@ -83,18 +83,21 @@ mod entry;
 mod flight;
 mod load;
 mod local;
+mod pacing;
 mod policy;
 mod refresh;
 mod rng;
 mod stats;
 mod sync;
 mod table;
+mod warm;
 
 pub use builder::{BuildError, CacheBuilder, MAX_CAPACITY_LIMIT, MAX_DURATION};
 pub use cache::{Cache, CacheGuard};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use load::LoadError;
 pub use stats::Stats;
+pub use warm::{WarmProgress, WarmReport};
 
 /// README.md's examples, compiled and run as doctests so that they stay true.
 #[cfg(doctest)]

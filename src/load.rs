@@ -20,6 +20,7 @@ use crossbeam_epoch::Owned;
 use crate::cache::Cache;
 use crate::entry::{Entry, Kind};
 use crate::flight::{Flight, FlightResult};
+use crate::pacing::Permit;
 use crate::policy::EvictionPolicy;
 use crate::stats::Counter;
 use crate::table::{Decision, Node, Outcome};
@@ -174,6 +175,8 @@ where
         E: Send + Sync + 'static,
     {
         let hash = self.inner.hasher.hash_one(key);
+        // A load permit obtained by waiting, kept across a retry.
+        let mut held = None;
         loop {
             let pinned = self.inner.domain.pin();
             let current = self.inner.table.get(hash, |k| k == key, &pinned.guard);
@@ -182,6 +185,7 @@ where
             let mut replaced: Option<(V, u64)> = None;
             let mut history = (0, 0);
             let mut refresh = false;
+            let mut current_value = None;
             if let Some(node) = current {
                 let entry = &node.value;
                 let now = OnceNow::new(self);
@@ -202,6 +206,7 @@ where
                                 return Ok(v.clone());
                             }
                             refresh = true;
+                            current_value = Some((v.clone(), &r.refresh));
                         }
                         replaced = Some((r.value.clone(), r.expires_at));
                     }
@@ -233,6 +238,36 @@ where
             if !refresh {
                 pinned.count(Counter::Misses);
             }
+
+            // Admission control: take a load permit before leading.
+            let permit = match &self.inner.limiter {
+                None => None,
+                Some(limiter) => match held.take().or_else(|| limiter.try_acquire()) {
+                    Some(p) => Some(p),
+                    None => {
+                        pinned.count(Counter::Throttled);
+                        if let Some((v, state)) = current_value {
+                            state.unclaim(); // skip this refresh; a later read retries it
+                            return Ok(v);
+                        }
+                        if let Some((stale, _)) = replaced {
+                            return Ok(stale);
+                        }
+                        drop(pinned);
+                        match limiter.acquire(deadline) {
+                            Some(p) => {
+                                // The key may have changed while we waited: look again.
+                                held = Some(p);
+                                continue;
+                            }
+                            None => {
+                                self.inner.domain.pin().count(Counter::Timeouts);
+                                return Err(LoadError::Timeout);
+                            }
+                        }
+                    }
+                },
+            };
 
             // Try to lead: replace exactly what we saw (nothing, a value, or a cached error)
             // with our `Loading` entry. The version comparison, not the address, says
@@ -270,7 +305,16 @@ where
             // Never hold a pin across user code that may take long: it would hold back
             // reclamation for every thread.
             drop(pinned);
-            return self.lead(key, hash, version, flight, history, loader);
+            let lead = Lead {
+                cache: self,
+                key,
+                hash,
+                version,
+                flight,
+                finished: false,
+                _permit: permit,
+            };
+            return self.lead(lead, history, loader);
         }
     }
 
@@ -303,10 +347,7 @@ where
     /// `history` is the replaced entry's load-time estimate and failed-refresh count.
     fn lead<E, F>(
         &self,
-        key: &K,
-        hash: u64,
-        version: u64,
-        flight: Arc<Flight<V>>,
+        mut lead: Lead<'_, K, V, S>,
         history: (u64, u32),
         loader: F,
     ) -> Result<V, LoadError<E>>
@@ -314,14 +355,7 @@ where
         F: FnOnce(&K) -> Result<V, E>,
         E: Send + Sync + 'static,
     {
-        let mut lead = Lead {
-            cache: self,
-            key,
-            hash,
-            version,
-            flight,
-            finished: false,
-        };
+        let key = lead.key;
         // Measured with the cache's clock, so a manual clock drives XFetch's delta in tests.
         let started = self.now();
         let result = loader(key);
@@ -420,6 +454,8 @@ where
     version: u64,
     flight: Arc<Flight<V>>,
     finished: bool,
+    /// Released after the flight is finished (fields drop after `Drop::drop`).
+    _permit: Option<Permit<'a>>,
 }
 
 impl<K, V, S> Lead<'_, K, V, S>

@@ -62,6 +62,13 @@ impl RefreshState {
     }
 }
 
+impl RefreshState {
+    /// Gives the claim back when the refresh could not start (no load permit).
+    pub(crate) fn unclaim(&self) {
+        self.claimed.store(false, Ordering::Relaxed);
+    }
+}
+
 /// Whether XFetch says refresh: `now - delta * beta * ln(u) >= expiry`.
 #[inline]
 pub(crate) fn xfetch_due(now: u64, expiry: u64, delta: u64, beta: f64, u: f64) -> bool {

@@ -36,9 +36,10 @@ pub(crate) enum Counter {
     Timeouts,
     Refreshes,
     RefreshFailures,
+    Throttled,
 }
 
-const COUNTERS: usize = Counter::RefreshFailures as usize + 1;
+const COUNTERS: usize = Counter::Throttled as usize + 1;
 
 /// A snapshot of a cache's counters, from [`Cache::stats`](crate::Cache::stats).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -73,6 +74,9 @@ pub struct Stats {
     pub refreshes: u64,
     /// Refreshes that failed while the old value stayed in place (stale-if-error).
     pub refresh_failures: u64,
+    /// Loads held back by `max_concurrent_loads`: the caller served a stale value, skipped a
+    /// refresh, waited for a permit, or timed out waiting.
+    pub throttled: u64,
 }
 
 impl Stats {
@@ -228,6 +232,7 @@ impl CounterRegistry {
             timeouts: get(Counter::Timeouts),
             refreshes: get(Counter::Refreshes),
             refresh_failures: get(Counter::RefreshFailures),
+            throttled: get(Counter::Throttled),
         }
     }
 }
