@@ -45,6 +45,67 @@
 //! While a guard lives, entries removed from the cache (by any thread) are not freed; keep
 //! guards for a batch of reads.
 //!
+//! # Loading on a miss, once (single flight)
+//!
+//! [`Cache::get_or_load`] returns the cached value or, on a miss, runs the loader in exactly
+//! one caller while every other caller for that key parks and receives the same result:
+//!
+//! ```
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! let cache = herdcache::Cache::builder().max_capacity(100).build()?;
+//! let loads = AtomicUsize::new(0);
+//! std::thread::scope(|s| {
+//!     for _ in 0..8 {
+//!         s.spawn(|| {
+//!             let v = cache.get_or_load(&"config", |_| {
+//!                 loads.fetch_add(1, Ordering::Relaxed);
+//!                 Ok::<_, std::io::Error>(42)
+//!             });
+//!             assert_eq!(v.unwrap(), 42);
+//!         });
+//!     }
+//! });
+//! assert_eq!(loads.load(Ordering::Relaxed), 1);
+//! # Ok::<(), herdcache::BuildError>(())
+//! ```
+//!
+//! - The value is cached before any waiter wakes, so waiters and later readers agree.
+//! - A loader error goes to every waiter as the same [`LoadError::Failed`]`(Arc<E>)` and is not
+//!   cached, unless [`negative_ttl`](CacheBuilder::negative_ttl) asks for it to be.
+//! - A panicking loader wakes every waiter with [`LoadError::Panicked`]; the panic continues
+//!   in the caller that ran it, and the next caller loads afresh. Nothing stays parked.
+//! - [`Cache::get_or_load_timeout`] bounds the wait: at the deadline a waiter gets the expired
+//!   value the load is replacing, if there is one, else [`LoadError::Timeout`]; the load goes
+//!   on for the others and is cached. (The ordering guarantee: a waiter that gets a value got
+//!   the load's value or the stale one, never a value older than the stale one.)
+//! - An [`insert`](Cache::insert), [`invalidate`](Cache::invalidate) or
+//!   [`forget`](Cache::forget) during a load wins: the load's result reaches its own waiters
+//!   but is not cached, so it can never overwrite newer data.
+//! - A loader that calls back into the cache for its own key gets [`LoadError::Recursive`].
+//!
+//! # Refreshing before expiry
+//!
+//! With early refresh on, a hot key is reloaded before it expires, by one caller of
+//! `get_or_load`, while all other readers keep getting the current value without waiting:
+//!
+//! - [`xfetch(beta)`](CacheBuilder::xfetch): XFetch probabilistic early expiration. A hit
+//!   refreshes when `now - delta * beta * ln(U) >= expiry` (delta: the measured load time, U:
+//!   uniform in (0, 1] from a per-thread RNG). Far from expiry a hit pays one comparison.
+//! - [`refresh_after(soft_ttl)`](CacheBuilder::refresh_after): stale-while-revalidate. After
+//!   the soft TTL the next `get_or_load` refreshes; the hard TTL still bounds staleness.
+//! - [`stale_if_error(true)`](CacheBuilder::stale_if_error): a failed refresh keeps the old
+//!   value until its hard expiry and retries after a backoff.
+//!
+//! The refresh runs inline in the caller that wins it (that caller waits for the load; nobody
+//! else does). If the hard expiry arrives while a refresh runs, readers wait for that refresh
+//! rather than starting a second load.
+//!
+//! # Pacing loads
+//!
+//! [`max_concurrent_loads(n)`](CacheBuilder::max_concurrent_loads) bounds the loads in flight
+//! across all keys (a caller over the bound serves its stale value, or waits for a permit);
+//! [`Cache::warm`] loads a list of keys with bounded parallelism before serving.
+//!
 //! # Expiry and time
 //!
 //! Entries expire at the cache's [`time_to_live`](CacheBuilder::time_to_live) or at the TTL

@@ -188,6 +188,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "statistics, no unsafe code: too slow under Miri")]
     fn xfetch_probability_rises_toward_expiry_as_theory_says() {
         // P(refresh at distance d before expiry) = P(-ln U >= d / (delta beta))
         //                                        = exp(-d / (delta beta)).
