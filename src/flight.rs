@@ -13,9 +13,12 @@
 //! park just makes the park return) or it follows it (the push fails and the waiter reads the
 //! result): there is no window in which a completion goes unseen.
 //!
-//! A waiter that gives up (deadline) leaves its node in the stack; the completer still marks
-//! it and unparks its thread, which is harmless because every park loop re-checks its
-//! condition. Nodes are reference-counted, so the one left behind is freed with the stack.
+//! Each node moves once, by CAS, from `WAITING` to `NOTIFIED` (the completer, which then
+//! unparks the thread) or to `ABANDONED` (a waiter leaving at its deadline, which the
+//! completer then leaves alone). So no thread is unparked after it has left, and a waiter
+//! that sees `NOTIFIED` before it has parked parks once to absorb the wake-up on its way:
+//! no stray wake-up outlives the wait. Abandoned nodes stay in the stack (reference-counted)
+//! and are freed with it.
 
 use std::any::Any;
 use std::ptr::{self, NonNull};
@@ -23,7 +26,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::sync::thread::{self, Thread, ThreadId};
-use crate::sync::{AtomicBool, AtomicPtr, Ordering, UnsafeCell};
+use crate::sync::{AtomicPtr, AtomicU8, Ordering, UnsafeCell};
 
 /// How a load ended, as stored in the flight for every waiter.
 #[derive(Debug)]
@@ -36,9 +39,14 @@ pub(crate) enum FlightResult<V> {
     Panicked,
 }
 
+/// Waiter node states.
+const WAITING: u8 = 0;
+const NOTIFIED: u8 = 1;
+const ABANDONED: u8 = 2;
+
 struct Waiter {
     thread: Thread,
-    notified: AtomicBool,
+    state: AtomicU8,
     /// Written before the node is published by the push CAS, never after.
     next: *const Waiter,
 }
@@ -153,10 +161,15 @@ impl<V> Flight<V> {
             // we took the whole stack, so we own those references now.
             let waiter = unsafe { Arc::from_raw(node as *const Waiter) };
             node = waiter.next as *mut Waiter;
-            // Release: the waiter that sees `notified` sees the result (already ordered by
-            // the swap above; this keeps the argument local).
-            waiter.notified.store(true, Ordering::Release);
-            waiter.thread.unpark();
+            // Release: the waiter that sees NOTIFIED sees the result (already ordered by the
+            // swap above; this keeps the argument local). A waiter that abandoned is gone.
+            if waiter
+                .state
+                .compare_exchange(WAITING, NOTIFIED, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                waiter.thread.unpark();
+            }
         }
     }
 
@@ -168,7 +181,7 @@ impl<V> Flight<V> {
         }
         let node = Arc::new(Waiter {
             thread: thread::current(),
-            notified: AtomicBool::new(false),
+            state: AtomicU8::new(WAITING),
             next: ptr::null(),
         });
         let raw = Arc::into_raw(Arc::clone(&node)) as *mut Waiter;
@@ -192,23 +205,41 @@ impl<V> Flight<V> {
                 Err(h) => head = h,
             }
         }
+        // Whether we have parked since we last saw WAITING: if not, the completer's unpark for
+        // a NOTIFIED we see is still to come, and we absorb it.
+        let mut parked = false;
         loop {
-            // Acquire pairs with the completer's Release store of `notified`.
-            if node.notified.load(Ordering::Acquire) {
+            // Acquire pairs with the completer's AcqRel CAS to NOTIFIED.
+            if node.state.load(Ordering::Acquire) == NOTIFIED {
+                if !parked {
+                    thread::park();
+                }
                 return self.result();
             }
+            parked = false;
             match deadline {
-                None => thread::park(),
+                None => {
+                    thread::park();
+                    parked = true;
+                }
                 Some(d) => {
                     let now = Instant::now();
-                    if now >= d {
-                        return self.result();
+                    // loom has no time: there, a waiter with a deadline gives up at its first
+                    // check, which loom places at every point relative to the completion.
+                    if now >= d || cfg!(herdcache_loom) {
+                        let left = node.state.compare_exchange(
+                            WAITING,
+                            ABANDONED,
+                            Ordering::AcqRel,
+                            Ordering::Acquire,
+                        );
+                        if left.is_ok() {
+                            return self.result();
+                        }
+                        continue; // notified meanwhile: take the result
                     }
                     thread::park_timeout(d - now);
-                    // Under loom, a timed park models the deadline passing now.
-                    if cfg!(herdcache_loom) && !node.notified.load(Ordering::Acquire) {
-                        return self.result();
-                    }
+                    parked = true;
                 }
             }
         }

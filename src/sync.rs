@@ -59,8 +59,8 @@ pub(crate) mod thread {
     #[cfg(not(herdcache_loom))]
     pub(crate) use std::thread::{current, park, park_timeout, Thread, ThreadId};
 
-    /// loom has no time: a timed park returns at once, which models a waiter whose deadline
-    /// passes at an arbitrary point (it then re-checks and gives up).
+    /// loom has no time; the flight never parks with a timeout under loom (a waiter with a
+    /// deadline gives up at its first check there), so this is never reached.
     #[cfg(herdcache_loom)]
     pub(crate) fn park_timeout(_: std::time::Duration) {
         loom::thread::yield_now();
