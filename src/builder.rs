@@ -82,6 +82,7 @@ pub struct CacheBuilder<K, V, S = DefaultHashBuilder> {
     pub(crate) xfetch_beta: Option<f64>,
     pub(crate) stale_if_error: bool,
     pub(crate) max_concurrent_loads: Option<usize>,
+    pub(crate) refresh_spawner: Option<crate::refresh::Spawner>,
     pub(crate) clock: Option<Arc<dyn Clock>>,
     pub(crate) hasher: S,
     _marker: PhantomData<fn(K, V)>,
@@ -98,6 +99,7 @@ impl<K, V, S> fmt::Debug for CacheBuilder<K, V, S> {
             .field("xfetch_beta", &self.xfetch_beta)
             .field("stale_if_error", &self.stale_if_error)
             .field("max_concurrent_loads", &self.max_concurrent_loads)
+            .field("refresh_spawner", &self.refresh_spawner.is_some())
             .field("clock", &self.clock)
             .finish_non_exhaustive()
     }
@@ -121,6 +123,7 @@ impl<K, V> CacheBuilder<K, V, DefaultHashBuilder> {
             xfetch_beta: None,
             stale_if_error: false,
             max_concurrent_loads: None,
+            refresh_spawner: None,
             clock: None,
             hasher: DefaultHashBuilder::default(),
             _marker: PhantomData,
@@ -204,6 +207,29 @@ impl<K, V, S> CacheBuilder<K, V, S> {
         self
     }
 
+    /// Where early refreshes started by
+    /// [`get_or_load_background`](Cache::get_or_load_background) run, so that no reader waits
+    /// for one: the spawner receives each [`RefreshJob`](crate::RefreshJob) and runs it on
+    /// some thread (a pool, a runtime's blocking tasks, a fresh thread). Without a spawner,
+    /// refreshes run inline in the caller that wins them.
+    ///
+    /// ```
+    /// let cache: herdcache::Cache<u64, u64> = herdcache::Cache::builder()
+    ///     .max_capacity(100)
+    ///     .refresh_spawner(|job| {
+    ///         std::thread::spawn(move || job.run());
+    ///     })
+    ///     .build()?;
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    pub fn refresh_spawner(
+        mut self,
+        spawner: impl Fn(crate::RefreshJob) + Send + Sync + 'static,
+    ) -> Self {
+        self.refresh_spawner = Some(Arc::new(spawner));
+        self
+    }
+
     /// The clock expiry is measured with (default: [`SystemClock`]). Pass a
     /// [`ManualClock`](crate::ManualClock) to test time-dependent behaviour without sleeping.
     pub fn clock(mut self, clock: impl Clock) -> Self {
@@ -223,6 +249,7 @@ impl<K, V, S> CacheBuilder<K, V, S> {
             xfetch_beta: self.xfetch_beta,
             stale_if_error: self.stale_if_error,
             max_concurrent_loads: self.max_concurrent_loads,
+            refresh_spawner: self.refresh_spawner,
             clock: self.clock,
             hasher,
             _marker: PhantomData,
@@ -354,6 +381,7 @@ where
                 soft_ttl,
                 beta,
                 stale_if_error: self.stale_if_error,
+                spawner: self.refresh_spawner.clone(),
             },
             max_concurrent_loads: self.max_concurrent_loads,
             clock,

@@ -43,7 +43,7 @@ pub(crate) struct Inner<K, V, S> {
     pub(crate) time_to_live: Option<u64>,
     pub(crate) negative_ttl: Option<u64>,
     pub(crate) refresh: RefreshSettings,
-    pub(crate) limiter: Option<Limiter>,
+    pub(crate) limiter: Option<Arc<Limiter>>,
     versions: AtomicU64,
     // Dropped last: dropping the domain frees this thread's handle, letting the collector
     // run the destructors of the entries retired above.
@@ -101,7 +101,9 @@ where
                 time_to_live: settings.time_to_live,
                 negative_ttl: settings.negative_ttl,
                 refresh: settings.refresh,
-                limiter: settings.max_concurrent_loads.map(Limiter::new),
+                limiter: settings
+                    .max_concurrent_loads
+                    .map(|n| Arc::new(Limiter::new(n))),
                 versions: AtomicU64::new(1),
                 domain: Domain::new(),
             }),

@@ -25,8 +25,8 @@ use std::ptr::{self, NonNull};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::sync::thread::{self, Thread, ThreadId};
-use crate::sync::{AtomicPtr, AtomicU8, Ordering, UnsafeCell};
+use crate::sync::thread::{self, Thread};
+use crate::sync::{AtomicPtr, AtomicU8, AtomicUsize, Ordering, UnsafeCell};
 
 /// How a load ended, as stored in the flight for every waiter.
 #[derive(Debug)]
@@ -68,7 +68,10 @@ pub(crate) struct Flight<V> {
     /// Until when `stale` is still a valid value (its hard expiry): a refresh serves it to
     /// readers without waiting until then. In the past for a load of an expired value.
     stale_valid_until: u64,
-    leader: ThreadId,
+    /// [`thread::token`] of the thread running the loader, or 0 while none is (a refresh job
+    /// waiting for its spawner to run it): lets a loader that re-enters for its own key get an
+    /// error instead of waiting on itself.
+    leader: AtomicUsize,
 }
 
 // SAFETY: the result cell is written once, by the leader, before `waiters` is closed with
@@ -104,7 +107,7 @@ impl<V> Flight<V> {
             result: UnsafeCell::new(None),
             stale,
             stale_valid_until,
-            leader: thread::current().id(),
+            leader: AtomicUsize::new(thread::token()),
         }
     }
 
@@ -120,9 +123,20 @@ impl<V> Flight<V> {
         self.stale_valid_until
     }
 
-    /// Whether the calling thread leads this flight (so waiting on it would deadlock).
+    /// Whether the calling thread is running this flight's loader (so waiting on it would
+    /// deadlock). Relaxed: only the calling thread's own writes matter for a true answer.
     pub(crate) fn led_by_current_thread(&self) -> bool {
-        self.leader == thread::current().id()
+        self.leader.load(Ordering::Relaxed) == thread::token()
+    }
+
+    /// Records that the calling thread runs the loader from now on.
+    pub(crate) fn set_leader_here(&self) {
+        self.leader.store(thread::token(), Ordering::Relaxed);
+    }
+
+    /// Records that no thread runs the loader yet (a job handed to a spawner).
+    pub(crate) fn clear_leader(&self) {
+        self.leader.store(0, Ordering::Relaxed);
     }
 
     /// The expired value this load replaces, if one was kept.

@@ -96,9 +96,13 @@
 //! - [`stale_if_error(true)`](CacheBuilder::stale_if_error): a failed refresh keeps the old
 //!   value until its hard expiry and retries after a backoff.
 //!
-//! The refresh runs inline in the caller that wins it (that caller waits for the load; nobody
-//! else does). If the hard expiry arrives while a refresh runs, readers wait for that refresh
-//! rather than starting a second load.
+//! With `get_or_load`, the refresh runs inline in the caller that wins it (that caller waits
+//! for the load; nobody else does). With [`Cache::get_or_load_background`] and a
+//! [`refresh_spawner`](CacheBuilder::refresh_spawner), it runs as a [`RefreshJob`] on the
+//! spawner and even the winning caller returns the current value at once. If the hard expiry
+//! arrives while a refresh runs, readers wait for that refresh rather than starting a second
+//! load. A refresh whose loader panics, or whose job is dropped unrun, keeps the current value
+//! and is retried after a backoff.
 //!
 //! # Pacing loads
 //!
@@ -157,6 +161,7 @@ pub use builder::{BuildError, CacheBuilder, MAX_CAPACITY_LIMIT, MAX_DURATION};
 pub use cache::{Cache, CacheGuard};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use load::LoadError;
+pub use refresh::RefreshJob;
 pub use stats::Stats;
 pub use warm::{WarmProgress, WarmReport};
 

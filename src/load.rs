@@ -118,7 +118,10 @@ where
         F: FnOnce(&K) -> Result<V, E>,
         E: Send + Sync + 'static,
     {
-        self.load_with_deadline(key, None, loader)
+        match self.begin(key, None) {
+            Begin::Done(r) => r,
+            Begin::Lead(lead) => Self::run_lead(lead, loader),
+        }
     }
 
     /// Like [`get_or_load`](Self::get_or_load), but a caller that has to wait for another
@@ -140,7 +143,42 @@ where
     {
         // A timeout too long to represent is no deadline at all.
         let deadline = Instant::now().checked_add(timeout);
-        self.load_with_deadline(key, deadline, loader)
+        match self.begin(key, deadline) {
+            Begin::Done(r) => r,
+            Begin::Lead(lead) => Self::run_lead(lead, loader),
+        }
+    }
+
+    /// Like [`get_or_load`](Self::get_or_load), but an early refresh this call wins runs on the
+    /// cache's [`refresh_spawner`](crate::CacheBuilder::refresh_spawner) and this call returns
+    /// the current value at once, so no reader waits for a refresh. Loads of missing or
+    /// expired keys still run inline (the caller has nothing to return meanwhile). Without a
+    /// spawner it behaves as `get_or_load`.
+    ///
+    /// The loader may outlive the call, hence `Send + 'static`.
+    pub fn get_or_load_background<E, F>(&self, key: &K, loader: F) -> Result<V, LoadError<E>>
+    where
+        F: FnOnce(&K) -> Result<V, E> + Send + 'static,
+        E: Send + Sync + 'static,
+        S: Send + Sync + 'static,
+    {
+        let lead = match self.begin(key, None) {
+            Begin::Done(r) => return r,
+            Begin::Lead(lead) => lead,
+        };
+        let current = lead.flight.serving(|| self.now()).cloned();
+        match (&self.inner.refresh.spawner, current) {
+            (Some(spawn), Some(current)) => {
+                // No thread runs the loader until the job starts: a read of this key on our
+                // thread meanwhile must wait for it, not be taken for re-entry.
+                lead.flight.clear_leader();
+                spawn(crate::RefreshJob::new(move || {
+                    let _ = Self::run_lead(lead, loader);
+                }));
+                Ok(current)
+            }
+            _ => Self::run_lead(lead, loader),
+        }
     }
 
     /// Detaches the load of `key` in progress, if any: callers from now on start a new load,
@@ -164,14 +202,10 @@ where
         matches!(outcome, Outcome::Removed(_))
     }
 
-    fn load_with_deadline<E, F>(
-        &self,
-        key: &K,
-        deadline: Option<Instant>,
-        loader: F,
-    ) -> Result<V, LoadError<E>>
+    /// The miss path up to the loader: a hit, a joined flight, a cached error or a throttled
+    /// caller end here (`Done`); a caller that wins the install gets the `Lead` to run.
+    fn begin<E>(&self, key: &K, deadline: Option<Instant>) -> Begin<K, V, S, E>
     where
-        F: FnOnce(&K) -> Result<V, E>,
         E: Send + Sync + 'static,
     {
         let hash = self.inner.hasher.hash_one(key);
@@ -203,7 +237,7 @@ where
                                     crate::rng::unit_open_closed,
                                 );
                             if !due || !r.refresh.try_claim() {
-                                return Ok(v.clone());
+                                return Begin::Done(Ok(v.clone()));
                             }
                             refresh = true;
                             current_value = Some((v.clone(), &r.refresh));
@@ -215,13 +249,13 @@ where
                             // A refresh is in progress: the current value is still valid.
                             self.inner.policy.on_hit(&entry.policy);
                             pinned.count(Counter::Hits);
-                            return Ok(v.clone());
+                            return Begin::Done(Ok(v.clone()));
                         }
                         let flight = Arc::clone(flight);
                         pinned.count(Counter::Misses);
                         drop(pinned);
                         match self.join(&flight, deadline) {
-                            Joined::Done(r) => return r,
+                            Joined::Done(r) => return Begin::Done(r),
                             Joined::Retry => continue,
                         }
                     }
@@ -229,7 +263,7 @@ where
                         if !entry.is_expired(|| now.get()) {
                             if let Some(e) = downcast::<E>(error) {
                                 pinned.count(Counter::Misses);
-                                return Err(LoadError::Failed(e));
+                                return Begin::Done(Err(LoadError::Failed(e)));
                             }
                         }
                     }
@@ -248,10 +282,10 @@ where
                         pinned.count(Counter::Throttled);
                         if let Some((v, state)) = current_value {
                             state.unclaim(); // skip this refresh; a later read retries it
-                            return Ok(v);
+                            return Begin::Done(Ok(v));
                         }
                         if let Some((stale, _)) = replaced {
-                            return Ok(stale);
+                            return Begin::Done(Ok(stale));
                         }
                         drop(pinned);
                         match limiter.acquire(deadline) {
@@ -262,7 +296,7 @@ where
                             }
                             None => {
                                 self.inner.domain.pin().count(Counter::Timeouts);
-                                return Err(LoadError::Timeout);
+                                return Begin::Done(Err(LoadError::Timeout));
                             }
                         }
                     }
@@ -305,16 +339,16 @@ where
             // Never hold a pin across user code that may take long: it would hold back
             // reclamation for every thread.
             drop(pinned);
-            let lead = Lead {
-                cache: self,
-                key,
+            return Begin::Lead(Lead {
+                cache: self.clone(),
+                key: key.clone(),
                 hash,
                 version,
                 flight,
+                history,
                 finished: false,
                 _permit: permit,
-            };
-            return self.lead(lead, history, loader);
+            });
         }
     }
 
@@ -344,68 +378,63 @@ where
     }
 
     /// Runs the loader as the flight's leader and finishes the flight on every path out.
-    /// `history` is the replaced entry's load-time estimate and failed-refresh count.
-    fn lead<E, F>(
-        &self,
-        mut lead: Lead<'_, K, V, S>,
-        history: (u64, u32),
-        loader: F,
-    ) -> Result<V, LoadError<E>>
+    fn run_lead<E, F>(mut lead: Lead<K, V, S>, loader: F) -> Result<V, LoadError<E>>
     where
         F: FnOnce(&K) -> Result<V, E>,
         E: Send + Sync + 'static,
     {
-        let key = lead.key;
+        let cache = lead.cache.clone();
+        lead.flight.set_leader_here();
         // Measured with the cache's clock, so a manual clock drives XFetch's delta in tests.
-        let started = self.now();
-        let result = loader(key);
-        let finished = self.now();
-        let (previous_delta, failures) = history;
+        let started = cache.now();
+        let result = loader(&lead.key);
+        let finished = cache.now();
+        let (previous_delta, _) = lead.history;
         match result {
             Ok(value) => {
                 let delta = crate::refresh::next_delta(previous_delta, finished - started);
-                let expires_at = self.default_expiry();
-                lead.replace_loading(|| self.ready_entry(value.clone(), expires_at, delta, 0));
+                let expires_at = cache.default_expiry();
+                lead.replace_loading(|| cache.ready_entry(value.clone(), expires_at, delta, 0));
                 lead.finish(FlightResult::Value(value.clone()));
                 Ok(value)
             }
             Err(error) => {
                 let error = Arc::new(error);
                 let erased: Arc<dyn Any + Send + Sync> = error.clone();
-                let pinned = self.inner.domain.pin();
-                pinned.count(Counter::LoadErrors);
+                cache.inner.domain.pin().count(Counter::LoadErrors);
                 // Stale-if-error: a failed refresh of a still-valid value puts that value
                 // back, with a backoff before the next attempt.
-                let keep = lead
-                    .flight
-                    .serving(|| finished)
-                    .filter(|_| self.inner.refresh.stale_if_error)
-                    .cloned();
-                if let Some(old) = keep {
-                    let until = lead.flight.stale_valid_until();
-                    let entry =
-                        || self.ready_entry(old.clone(), until, previous_delta, failures + 1);
-                    lead.replace_loading(entry);
-                    pinned.count(Counter::RefreshFailures);
-                    drop(pinned);
-                    lead.finish(FlightResult::Value(old.clone()));
-                    return Ok(old);
+                if cache.inner.refresh.stale_if_error {
+                    if let Some(old) = lead.restore_stale(finished) {
+                        cache.inner.domain.pin().count(Counter::RefreshFailures);
+                        return Ok(old);
+                    }
                 }
-                match self.inner.negative_ttl {
+                match cache.inner.negative_ttl {
                     Some(ttl) => {
                         let expires_at = finished.saturating_add(ttl);
                         let entry =
-                            || Entry::failed(self.next_version(), Arc::clone(&erased), expires_at);
+                            || Entry::failed(cache.next_version(), Arc::clone(&erased), expires_at);
                         lead.replace_loading(entry);
                     }
                     None => lead.remove_loading(),
                 }
-                drop(pinned);
                 lead.finish(FlightResult::Failed(erased));
                 Err(LoadError::Failed(error))
             }
         }
     }
+}
+
+/// Where the miss path stands before the loader runs.
+enum Begin<K, V, S, E>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+    S: BuildHasher,
+{
+    Done(Result<V, LoadError<E>>),
+    Lead(Lead<K, V, S>),
 }
 
 /// Reads the cache's clock at most once, on first use.
@@ -440,25 +469,28 @@ where
 }
 
 /// The leader's obligations for one flight; its drop finishes the flight if the loader
-/// unwound.
-struct Lead<'a, K, V, S>
+/// unwound (or, for a refresh handed to a spawner, if the job was dropped unrun). It owns
+/// what it needs, so that a refresh can move it into a job.
+struct Lead<K, V, S>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
     S: BuildHasher,
 {
-    cache: &'a Cache<K, V, S>,
-    key: &'a K,
+    cache: Cache<K, V, S>,
+    key: K,
     hash: u64,
     /// The version of our `Loading` entry.
     version: u64,
     flight: Arc<Flight<V>>,
+    /// The replaced entry's load-time estimate and failed-refresh count.
+    history: (u64, u32),
     finished: bool,
     /// Released after the flight is finished (fields drop after `Drop::drop`).
-    _permit: Option<Permit<'a>>,
+    _permit: Option<Permit>,
 }
 
-impl<K, V, S> Lead<'_, K, V, S>
+impl<K, V, S> Lead<K, V, S>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
@@ -467,7 +499,7 @@ where
     /// Replaces our `Loading` entry with `make()` if the slot still holds it; returns whether
     /// it did (it did not if an insert, invalidation or forget came first).
     fn replace_loading(&self, make: impl FnOnce() -> Entry<V>) -> bool {
-        let cache = self.cache;
+        let cache = &self.cache;
         let pinned = cache.inner.domain.pin();
         let node = Owned::new(Node::new(self.hash, self.key.clone(), make()));
         let ours = |cur: Option<&Node<K, Entry<V>>>| match cur {
@@ -476,7 +508,7 @@ where
         };
         let outcome = cache.inner.table.update(
             self.hash,
-            |k| k == self.key,
+            |k| *k == self.key,
             Some(node),
             ours,
             &pinned.guard,
@@ -499,7 +531,20 @@ where
         self.cache
             .inner
             .table
-            .update(self.hash, |k| k == self.key, None, ours, &pinned.guard);
+            .update(self.hash, |k| *k == self.key, None, ours, &pinned.guard);
+    }
+
+    /// If the flight still serves a valid value (a refresh), puts it back with one more
+    /// failure behind it (so the next refresh waits for a backoff) and completes the flight
+    /// with it; returns it. `None` (and nothing done) otherwise.
+    fn restore_stale(&mut self, now: u64) -> Option<V> {
+        let old = self.flight.serving(|| now).cloned()?;
+        let until = self.flight.stale_valid_until();
+        let (delta, failures) = self.history;
+        let cache = self.cache.clone();
+        self.replace_loading(|| cache.ready_entry(old.clone(), until, delta, failures + 1));
+        self.finish(FlightResult::Value(old.clone()));
+        Some(old)
     }
 
     /// Completes the flight (after the table has been updated, so that a woken waiter and
@@ -512,7 +557,7 @@ where
     }
 }
 
-impl<K, V, S> Drop for Lead<'_, K, V, S>
+impl<K, V, S> Drop for Lead<K, V, S>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
@@ -522,10 +567,15 @@ where
         if self.finished {
             return;
         }
-        // The loader (or a clone of its value) unwound. Removing the entry runs only our own
-        // code and the key's `Eq`; the panic continues once this returns.
-        self.remove_loading();
+        // The loader (or a clone of its value) unwound, or a refresh job was dropped unrun.
+        // A refresh keeps its still-valid value (retried after a backoff); otherwise the
+        // entry is removed and waiters get `Panicked`. This runs only our own code and the
+        // key's `Eq`; a panic continues once it returns.
         self.cache.inner.domain.pin().count(Counter::LoadPanics);
-        self.finish(FlightResult::Panicked);
+        let now = self.cache.now();
+        if self.restore_stale(now).is_none() {
+            self.remove_loading();
+            self.finish(FlightResult::Panicked);
+        }
     }
 }

@@ -5,7 +5,7 @@
 //! dropping it, so a panicking loader releases its permit too.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 /// The permits of one cache.
@@ -16,13 +16,14 @@ pub(crate) struct Limiter {
     freed: Condvar,
 }
 
-/// One load's permit; dropping it gives it back.
+/// One load's permit; dropping it gives it back. It owns a handle on its limiter, so a load
+/// handed to a spawner can carry it.
 #[derive(Debug)]
-pub(crate) struct Permit<'a> {
-    limiter: &'a Limiter,
+pub(crate) struct Permit {
+    limiter: Arc<Limiter>,
 }
 
-impl Drop for Permit<'_> {
+impl Drop for Permit {
     fn drop(&mut self) {
         // Release: the next holder sees whatever this load did (not needed by the cache,
         // which synchronises through the table, but a permit should behave like a lock).
@@ -44,7 +45,7 @@ impl Limiter {
     }
 
     /// A permit if one is free now.
-    pub(crate) fn try_acquire(&self) -> Option<Permit<'_>> {
+    pub(crate) fn try_acquire(self: &Arc<Self>) -> Option<Permit> {
         let mut n = self.available.load(Ordering::Relaxed);
         loop {
             if n == 0 {
@@ -57,14 +58,18 @@ impl Limiter {
                 Ordering::Acquire,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return Some(Permit { limiter: self }),
+                Ok(_) => {
+                    return Some(Permit {
+                        limiter: Arc::clone(self),
+                    })
+                }
                 Err(current) => n = current,
             }
         }
     }
 
     /// A permit, waiting until `deadline` (forever if `None`) for one to be freed.
-    pub(crate) fn acquire(&self, deadline: Option<Instant>) -> Option<Permit<'_>> {
+    pub(crate) fn acquire(self: &Arc<Self>, deadline: Option<Instant>) -> Option<Permit> {
         if let Some(p) = self.try_acquire() {
             return Some(p);
         }
@@ -96,7 +101,7 @@ mod tests {
 
     #[test]
     fn permits_are_bounded_and_returned_on_drop() {
-        let l = Limiter::new(2);
+        let l = Arc::new(Limiter::new(2));
         let a = l.try_acquire().unwrap();
         let _b = l.try_acquire().unwrap();
         assert!(l.try_acquire().is_none());
@@ -110,7 +115,7 @@ mod tests {
 
     #[test]
     fn a_waiter_gets_the_permit_another_thread_frees() {
-        let l = Limiter::new(1);
+        let l = Arc::new(Limiter::new(1));
         let held = l.try_acquire().unwrap();
         std::thread::scope(|s| {
             // Whichever runs first, the waiter must end up with the permit.

@@ -12,6 +12,9 @@
 //! expiry`) cannot fire while `expiry - now > MAX_NEG_LN_U * delta * beta`. Before `check_at`,
 //! a hit pays one comparison; after it, XFetch draws from a per-thread RNG.
 
+use std::fmt;
+use std::sync::Arc;
+
 use crate::entry::NEVER;
 use crate::sync::{AtomicBool, Ordering};
 
@@ -23,8 +26,38 @@ const BACKOFF_BASE_NANOS: u64 = 100_000_000;
 /// Longest backoff.
 const BACKOFF_MAX_NANOS: u64 = 30_000_000_000;
 
+/// An early refresh handed to the cache's
+/// [`refresh_spawner`](crate::CacheBuilder::refresh_spawner): run it (on any thread) to load
+/// and publish the new value.
+///
+/// Dropping a job without running it is safe: the refresh counts as failed, the current value
+/// stays in place until its hard expiry, and a later read retries after a backoff.
+pub struct RefreshJob {
+    job: Box<dyn FnOnce() + Send>,
+}
+
+impl RefreshJob {
+    pub(crate) fn new(job: impl FnOnce() + Send + 'static) -> Self {
+        RefreshJob { job: Box::new(job) }
+    }
+
+    /// Runs the refresh: calls the loader and publishes its result.
+    pub fn run(self) {
+        (self.job)()
+    }
+}
+
+impl fmt::Debug for RefreshJob {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RefreshJob").finish_non_exhaustive()
+    }
+}
+
+/// Where refresh jobs go.
+pub(crate) type Spawner = Arc<dyn Fn(RefreshJob) + Send + Sync>;
+
 /// The cache's refresh settings.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub(crate) struct RefreshSettings {
     /// Soft TTL: refresh once a value is this old (nanoseconds).
     pub(crate) soft_ttl: Option<u64>,
@@ -32,6 +65,19 @@ pub(crate) struct RefreshSettings {
     pub(crate) beta: Option<f64>,
     /// Keep serving the old value (until its hard expiry) when a refresh fails.
     pub(crate) stale_if_error: bool,
+    /// Runs refreshes started by `get_or_load_background`.
+    pub(crate) spawner: Option<Spawner>,
+}
+
+impl fmt::Debug for RefreshSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RefreshSettings")
+            .field("soft_ttl", &self.soft_ttl)
+            .field("beta", &self.beta)
+            .field("stale_if_error", &self.stale_if_error)
+            .field("spawner", &self.spawner.is_some())
+            .finish()
+    }
 }
 
 /// Per-entry refresh state, fixed when the entry is written (a refresh writes a new entry),

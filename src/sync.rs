@@ -55,9 +55,28 @@ pub(crate) use loom::cell::UnsafeCell;
 /// Thread identity and parking.
 pub(crate) mod thread {
     #[cfg(herdcache_loom)]
-    pub(crate) use loom::thread::{current, park, Thread, ThreadId};
+    pub(crate) use loom::thread::{current, park, Thread};
     #[cfg(not(herdcache_loom))]
-    pub(crate) use std::thread::{current, park, park_timeout, Thread, ThreadId};
+    pub(crate) use std::thread::{current, park, park_timeout, Thread};
+
+    #[cfg(not(herdcache_loom))]
+    std::thread_local! {
+        static TOKEN: u8 = const { 0 };
+    }
+    // A plain byte: loom destroys its thread-locals after the execution, which is harmless
+    // for a value that holds no loom object.
+    #[cfg(herdcache_loom)]
+    loom::thread_local! {
+        static TOKEN: u8 = 0;
+    }
+
+    /// A number unique to the calling thread among live threads (never 0): the address of a
+    /// thread-local.
+    pub(crate) fn token() -> usize {
+        TOKEN
+            .try_with(|t| t as *const u8 as usize)
+            .unwrap_or(usize::MAX)
+    }
 
     /// loom has no time; the flight never parks with a timeout under loom (a waiter with a
     /// deadline gives up at its first check there), so this is never reached.

@@ -219,3 +219,113 @@ fn an_insert_during_a_refresh_wins() {
     refresher.join().unwrap();
     assert_eq!(c.get(&1), Some(7));
 }
+
+/// A spawner that queues jobs for the test to run (or drop) when it likes.
+fn queued() -> (
+    std::sync::Arc<std::sync::Mutex<Vec<herdcache::RefreshJob>>>,
+    impl Fn(herdcache::RefreshJob) + Send + Sync + 'static,
+) {
+    let jobs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = std::sync::Arc::clone(&jobs);
+    (jobs, move |job| sink.lock().unwrap().push(job))
+}
+
+fn spawning_cache(
+    clock: &ManualClock,
+) -> (
+    C,
+    std::sync::Arc<std::sync::Mutex<Vec<herdcache::RefreshJob>>>,
+) {
+    let (jobs, spawner) = queued();
+    let c = builder(clock)
+        .refresh_after(10 * SEC)
+        .refresh_spawner(spawner)
+        .build()
+        .unwrap();
+    c.get_or_load_background(&1, |_| Ok::<_, String>(1))
+        .unwrap();
+    clock.advance(11 * SEC);
+    (c, jobs)
+}
+
+#[test]
+fn with_a_spawner_the_refreshing_reader_does_not_wait_either() {
+    let clock = ManualClock::new();
+    let (c, jobs) = spawning_cache(&clock);
+    let calls = std::sync::Arc::new(AtomicUsize::new(0));
+    for _ in 0..10 {
+        let calls = std::sync::Arc::clone(&calls);
+        let v = c.get_or_load_background(&1, move |_| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>(2)
+        });
+        assert_eq!(
+            v.unwrap(),
+            1,
+            "every reader, the refresher included, gets the current value"
+        );
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        0,
+        "the refresh waits for the spawner"
+    );
+    let mut queued = std::mem::take(&mut *jobs.lock().unwrap());
+    assert_eq!(queued.len(), 1, "one refresh");
+    thread::spawn(move || queued.pop().unwrap().run())
+        .join()
+        .unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(c.get(&1), Some(2));
+}
+
+#[test]
+fn a_dropped_refresh_job_keeps_the_value_and_is_retried_after_a_backoff() {
+    let clock = ManualClock::new();
+    let (c, jobs) = spawning_cache(&clock);
+    assert_eq!(
+        c.get_or_load_background(&1, |_| Ok::<_, String>(2))
+            .unwrap(),
+        1
+    );
+    jobs.lock().unwrap().clear(); // the spawner loses the job
+    assert_eq!(c.get(&1), Some(1), "the value survives");
+    assert_eq!(
+        c.get_or_load_background(&1, |_| Ok::<_, String>(2))
+            .unwrap(),
+        1
+    );
+    assert!(jobs.lock().unwrap().is_empty(), "backing off");
+    clock.advance(Duration::from_millis(100));
+    assert_eq!(
+        c.get_or_load_background(&1, |_| Ok::<_, String>(2))
+            .unwrap(),
+        1
+    );
+    assert_eq!(jobs.lock().unwrap().len(), 1, "retried");
+}
+
+#[test]
+fn the_spawning_thread_waits_for_its_pending_refresh_past_the_hard_expiry() {
+    let clock = ManualClock::new();
+    let (c, jobs) = spawning_cache(&clock);
+    assert_eq!(
+        c.get_or_load_background(&1, |_| Ok::<_, String>(2))
+            .unwrap(),
+        1
+    );
+    clock.advance(60 * SEC); // past the hard expiry, refresh still pending
+    let job = jobs.lock().unwrap().pop().unwrap();
+    let runner = {
+        let c = c.clone();
+        thread::spawn(move || {
+            while c.stats().coalesced_waits == 0 {
+                thread::yield_now();
+            }
+            job.run();
+        })
+    };
+    // Not `Recursive`: this thread started the refresh but does not run its loader.
+    assert_eq!(c.get_or_load(&1, never).unwrap(), 2);
+    runner.join().unwrap();
+}
