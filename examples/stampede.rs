@@ -3,7 +3,9 @@
 //! N reader threads read one hot key at a fixed total rate; the source behind the cache takes
 //! L ms per load, and the key's TTL makes it expire again and again. Four configurations run
 //! in turn: a plain cache read with get-then-insert (no coalescing), single flight,
-//! single flight + XFetch, and single flight + a soft TTL (stale-while-revalidate). For each it
+//! single flight + XFetch, single flight + a soft TTL (stale-while-revalidate), and the soft
+//! TTL again with refreshes handed to a spawner thread, so that the refreshing reader does not
+//! wait either. For each it
 //! prints the source loads per expiry, the most loads in flight at once, how many reads
 //! blocked (took longer than half a load), read latency percentiles, and the share of reads
 //! answered at once.
@@ -82,6 +84,7 @@ enum Mode {
     SingleFlight,
     XFetch,
     SoftTtl,
+    SoftTtlSpawned,
 }
 
 impl Mode {
@@ -91,6 +94,7 @@ impl Mode {
             Mode::SingleFlight => "single flight".into(),
             Mode::XFetch => format!("single flight + XFetch (beta {beta})"),
             Mode::SoftTtl => "single flight + soft TTL (80%)".into(),
+            Mode::SoftTtlSpawned => "  ... refreshed on a spawner thread".into(),
         }
     }
 }
@@ -112,6 +116,11 @@ fn run(mode: Mode, a: Args) -> Report {
     match mode {
         Mode::XFetch => b = b.xfetch(a.beta),
         Mode::SoftTtl => b = b.refresh_after(a.ttl.mul_f64(0.8)),
+        Mode::SoftTtlSpawned => {
+            b = b.refresh_after(a.ttl.mul_f64(0.8)).refresh_spawner(|job| {
+                std::thread::spawn(move || job.run());
+            })
+        }
         _ => {}
     }
     let cache: Cache<u64, u64> = b.build().expect("valid settings");
@@ -145,6 +154,14 @@ fn run(mode: Mode, a: Args) -> Report {
                                 v
                             }
                         },
+                        Mode::SoftTtlSpawned => {
+                            let source = Arc::clone(&source);
+                            cache
+                                .get_or_load_background(&0, move |_| {
+                                    Ok::<_, ()>(source.load(a.load))
+                                })
+                                .expect("the source does not fail")
+                        }
                         _ => cache
                             .get_or_load(&0, |_| Ok::<_, ()>(source.load(a.load)))
                             .expect("the source does not fail"),
@@ -209,7 +226,13 @@ fn main() {
         "at once",
         "hit ratio"
     );
-    for mode in [Mode::Naive, Mode::SingleFlight, Mode::XFetch, Mode::SoftTtl] {
+    for mode in [
+        Mode::Naive,
+        Mode::SingleFlight,
+        Mode::XFetch,
+        Mode::SoftTtl,
+        Mode::SoftTtlSpawned,
+    ] {
         let r = run(mode, a);
         println!(
             "{:<36} {:>6} {:>10.2} {:>8} {:>8} {:>9.1?} {:>9.1?} {:>9.1?} {:>7.2}% {:>8.2}%",
