@@ -63,19 +63,23 @@ pub(crate) mod thread {
     std::thread_local! {
         static TOKEN: u8 = const { 0 };
     }
-    // A plain byte: loom destroys its thread-locals after the execution, which is harmless
-    // for a value that holds no loom object.
-    #[cfg(herdcache_loom)]
-    loom::thread_local! {
-        static TOKEN: u8 = 0;
-    }
 
     /// A number unique to the calling thread among live threads (never 0): the address of a
     /// thread-local.
+    #[cfg(not(herdcache_loom))]
     pub(crate) fn token() -> usize {
         TOKEN
             .try_with(|t| t as *const u8 as usize)
             .unwrap_or(usize::MAX)
+    }
+
+    /// Under loom (where model threads share one OS thread, and loom's thread-locals give no
+    /// stable addresses): a hash of the model thread's id, never 0.
+    #[cfg(herdcache_loom)]
+    pub(crate) fn token() -> usize {
+        use std::hash::{BuildHasher, BuildHasherDefault};
+        let hasher = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default();
+        (hasher.hash_one(current().id()) as usize) | 1
     }
 
     /// loom has no time; the flight never parks with a timeout under loom (a waiter with a
