@@ -45,6 +45,27 @@ impl Model {
     }
 }
 
+/// Applies the ops both properties treat alike (writes and clock moves) to the cache and the
+/// model; returns false for the others, which each property checks in its own way.
+fn apply_write(op: &Op, cache: &Cache<u8, u32>, clock: &ManualClock, model: &mut Model) -> bool {
+    match *op {
+        Op::Insert(k, v) => {
+            cache.insert(k, v);
+            model.map.insert(k, (v, model.now + TTL_MS));
+        }
+        Op::InsertWithTtl(k, v, t) => {
+            cache.insert_with_ttl(k, v, Duration::from_millis(t.into()));
+            model.map.insert(k, (v, model.now + u64::from(t)));
+        }
+        Op::Advance(ms) => {
+            clock.advance(Duration::from_millis(ms.into()));
+            model.now += u64::from(ms);
+        }
+        _ => return false,
+    }
+    true
+}
+
 fn build(cap: u64, clock: &ManualClock) -> Cache<u8, u32> {
     Cache::builder()
         .max_capacity(cap)
@@ -64,15 +85,10 @@ proptest! {
         let cache = build(1024, &clock);
         let mut model = Model::default();
         for op in ops {
+            if apply_write(&op, &cache, &clock, &mut model) {
+                continue;
+            }
             match op {
-                Op::Insert(k, v) => {
-                    cache.insert(k, v);
-                    model.map.insert(k, (v, model.now + TTL_MS));
-                }
-                Op::InsertWithTtl(k, v, t) => {
-                    cache.insert_with_ttl(k, v, Duration::from_millis(t.into()));
-                    model.map.insert(k, (v, model.now + u64::from(t)));
-                }
                 Op::Get(k) => prop_assert_eq!(cache.get(&k), model.live(k), "get {}", k),
                 Op::Invalidate(k) => {
                     let expected = model.live(k).is_some();
@@ -83,10 +99,7 @@ proptest! {
                     cache.invalidate_all();
                     model.map.clear();
                 }
-                Op::Advance(ms) => {
-                    clock.advance(Duration::from_millis(ms.into()));
-                    model.now += u64::from(ms);
-                }
+                _ => unreachable!("applied by apply_write"),
             }
         }
         for k in 0..=u8::MAX {
@@ -105,33 +118,24 @@ proptest! {
         let cache = build(cap, &clock);
         let mut model = Model::default();
         for op in ops {
-            match op {
-                Op::Insert(k, v) => {
-                    cache.insert(k, v);
-                    model.map.insert(k, (v, model.now + TTL_MS));
-                }
-                Op::InsertWithTtl(k, v, t) => {
-                    cache.insert_with_ttl(k, v, Duration::from_millis(t.into()));
-                    model.map.insert(k, (v, model.now + u64::from(t)));
-                }
-                Op::Get(k) => {
-                    if let Some(v) = cache.get(&k) {
-                        prop_assert_eq!(Some(v), model.live(k), "get {}", k);
+            if !apply_write(&op, &cache, &clock, &mut model) {
+                match op {
+                    Op::Get(k) => {
+                        if let Some(v) = cache.get(&k) {
+                            prop_assert_eq!(Some(v), model.live(k), "get {}", k);
+                        }
                     }
-                }
-                Op::Invalidate(k) => {
-                    model.map.remove(&k);
-                    cache.invalidate(&k);
-                    prop_assert_eq!(cache.get(&k), None);
-                }
-                Op::InvalidateAll => {
-                    cache.invalidate_all();
-                    model.map.clear();
-                    prop_assert_eq!(cache.entry_count(), 0);
-                }
-                Op::Advance(ms) => {
-                    clock.advance(Duration::from_millis(ms.into()));
-                    model.now += u64::from(ms);
+                    Op::Invalidate(k) => {
+                        model.map.remove(&k);
+                        cache.invalidate(&k);
+                        prop_assert_eq!(cache.get(&k), None);
+                    }
+                    Op::InvalidateAll => {
+                        cache.invalidate_all();
+                        model.map.clear();
+                        prop_assert_eq!(cache.entry_count(), 0);
+                    }
+                    _ => unreachable!("applied by apply_write"),
                 }
             }
             prop_assert!(cache.entry_count() <= cap, "{} > {}", cache.entry_count(), cap);
