@@ -2,7 +2,6 @@
 //! The miss path (single flight) is in `load.rs`.
 
 use std::borrow::Borrow;
-use std::cell::Cell;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,7 +11,7 @@ use std::time::Duration;
 use crossbeam_epoch::Owned;
 
 use crate::builder::{CacheBuilder, Settings};
-use crate::clock::{duration_to_nanos, TimeSource};
+use crate::clock::{duration_to_nanos, OnceNow, TimeSource};
 use crate::entry::{Entry, Kind, NEVER};
 use crate::local::{Domain, Pinned};
 use crate::pacing::Limiter;
@@ -319,10 +318,11 @@ where
     /// Counts a removed entry as `live_kind` if it held a live value, as an expiration if it
     /// had expired (nothing for a detached load); returns whether it held a live value.
     fn count_removal(&self, entry: &Entry<V>, live_kind: Counter, pinned: &Pinned<'_>) -> bool {
-        let live = entry.live_value(|| self.now()).is_some();
+        let now = OnceNow::new(&self.inner.clock);
+        let live = entry.live_value(|| now.get()).is_some();
         if live {
             pinned.count(live_kind);
-        } else if entry.is_expired(|| self.now()) {
+        } else if entry.is_expired(|| now.get()) {
             pinned.count(Counter::Expirations);
         }
         live
@@ -359,11 +359,11 @@ where
 
     #[cold]
     fn evict_overflow(&self, pinned: &Pinned<'_>) {
-        let now = Cell::new(None);
-        let now = || *now.get().get_or_insert_with(|| self.now());
+        // One reading for the whole sweep.
+        let now = OnceNow::new(&self.inner.clock);
         let classify = |e: &Entry<V>| match e.kind {
             Kind::Loading(_) => Candidate::Skip,
-            _ if e.is_expired(now) => Candidate::Expired,
+            _ if e.is_expired(|| now.get()) => Candidate::Expired,
             _ => Candidate::Live,
         };
         for _ in 0..EVICTION_ATTEMPTS {

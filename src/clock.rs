@@ -128,6 +128,35 @@ impl TimeSource {
     }
 }
 
+/// A clock reading taken at most once, on first use: for decisions that may or may not need
+/// the time, several times over.
+#[derive(Debug)]
+pub(crate) struct OnceNow<'a> {
+    clock: &'a TimeSource,
+    now: std::cell::Cell<Option<u64>>,
+}
+
+impl<'a> OnceNow<'a> {
+    pub(crate) fn new(clock: &'a TimeSource) -> Self {
+        OnceNow {
+            clock,
+            now: std::cell::Cell::new(None),
+        }
+    }
+
+    /// Nanoseconds since the clock's origin, as read on the first call.
+    pub(crate) fn get(&self) -> u64 {
+        match self.now.get() {
+            Some(n) => n,
+            None => {
+                let n = self.clock.now_nanos();
+                self.now.set(Some(n));
+                n
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -140,6 +169,17 @@ mod tests {
         assert_eq!(b.now(), Duration::from_secs(3));
         b.advance(Duration::MAX);
         assert_eq!(a.now(), Duration::from_nanos(u64::MAX));
+    }
+
+    #[test]
+    fn once_now_reads_the_clock_once() {
+        let clock = ManualClock::new();
+        let source = TimeSource::Custom(Arc::new(clock.clone()));
+        let now = OnceNow::new(&source);
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(now.get(), 1_000_000_000);
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(now.get(), 1_000_000_000);
     }
 
     #[test]

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use crossbeam_epoch::Owned;
 
 use crate::cache::Cache;
+use crate::clock::OnceNow;
 use crate::entry::{Entry, Kind};
 use crate::flight::{Flight, FlightResult};
 use crate::pacing::Permit;
@@ -222,7 +223,7 @@ where
             let mut current_value = None;
             if let Some(node) = current {
                 let entry = &node.value;
-                let now = OnceNow::new(self);
+                let now = OnceNow::new(&self.inner.clock);
                 match &entry.kind {
                     Kind::Ready(r) => {
                         history = (r.refresh.delta, r.refresh.failures);
@@ -435,37 +436,6 @@ where
 {
     Done(Result<V, LoadError<E>>),
     Lead(Lead<K, V, S>),
-}
-
-/// Reads the cache's clock at most once, on first use.
-struct OnceNow<'a, K, V, S> {
-    cache: &'a Cache<K, V, S>,
-    now: std::cell::Cell<Option<u64>>,
-}
-
-impl<'a, K, V, S> OnceNow<'a, K, V, S>
-where
-    K: Hash + Eq + Send + Sync + 'static,
-    V: Send + Sync + 'static,
-    S: BuildHasher,
-{
-    fn new(cache: &'a Cache<K, V, S>) -> Self {
-        OnceNow {
-            cache,
-            now: std::cell::Cell::new(None),
-        }
-    }
-
-    fn get(&self) -> u64 {
-        match self.now.get() {
-            Some(n) => n,
-            None => {
-                let n = self.cache.now();
-                self.now.set(Some(n));
-                n
-            }
-        }
-    }
 }
 
 /// The leader's obligations for one flight; its drop finishes the flight if the loader
