@@ -297,8 +297,7 @@ where
         };
         let entry = &node.value;
         if let Some(value) = entry.live_value(|| self.now()) {
-            self.inner.policy.on_hit(&entry.policy);
-            pinned.count(Counter::Hits);
+            self.record_hit(entry, pinned);
             return Some(value);
         }
         pinned.count(Counter::Misses);
@@ -306,6 +305,14 @@ where
             self.remove_expired(node, pinned);
         }
         None
+    }
+
+    /// The bookkeeping of a hit: the policy's hook (test-before-set) and this thread's
+    /// counter.
+    #[inline]
+    pub(crate) fn record_hit(&self, entry: &Entry<V>, pinned: &Pinned<'_>) {
+        self.inner.policy.on_hit(&entry.policy);
+        pinned.count(Counter::Hits);
     }
 
     #[cold]

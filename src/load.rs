@@ -22,7 +22,7 @@ use crate::clock::OnceNow;
 use crate::entry::{Entry, Kind};
 use crate::flight::{Flight, FlightResult};
 use crate::pacing::Permit;
-use crate::policy::EvictionPolicy;
+use crate::refresh::RefreshState;
 use crate::stats::Counter;
 use crate::table::{Decision, Node, Outcome};
 
@@ -219,39 +219,36 @@ where
             // the previous entry's load-time estimate and refresh failures.
             let mut replaced: Option<(V, u64)> = None;
             let mut history = (0, 0);
-            let mut refresh = false;
-            let mut current_value = None;
+            // The entry's refresh claim, if this caller won one: it then leads a refresh, not
+            // a load after a miss.
+            let mut claimed: Option<&RefreshState> = None;
             if let Some(node) = current {
                 let entry = &node.value;
                 let now = OnceNow::new(&self.inner.clock);
+                // A live value, or the value a refresh in progress still serves.
+                if let Some(v) = entry.live_value(|| now.get()) {
+                    self.record_hit(entry, &pinned);
+                    let Kind::Ready(r) = &entry.kind else {
+                        return Begin::Done(Ok(v.clone()));
+                    };
+                    let due = self.inner.refresh.active()
+                        && self.inner.refresh.due(
+                            &r.refresh,
+                            now.get(),
+                            r.expires_at,
+                            crate::rng::unit_open_closed,
+                        );
+                    if !due || !r.refresh.try_claim() {
+                        return Begin::Done(Ok(v.clone()));
+                    }
+                    claimed = Some(&r.refresh);
+                }
                 match &entry.kind {
                     Kind::Ready(r) => {
                         history = (r.refresh.delta, r.refresh.failures);
-                        if let Some(v) = entry.live_value(|| now.get()) {
-                            self.inner.policy.on_hit(&entry.policy);
-                            pinned.count(Counter::Hits);
-                            let due = self.inner.refresh.active()
-                                && self.inner.refresh.due(
-                                    &r.refresh,
-                                    now.get(),
-                                    r.expires_at,
-                                    crate::rng::unit_open_closed,
-                                );
-                            if !due || !r.refresh.try_claim() {
-                                return Begin::Done(Ok(v.clone()));
-                            }
-                            refresh = true;
-                            current_value = Some((v.clone(), &r.refresh));
-                        }
                         replaced = Some((r.value.clone(), r.expires_at));
                     }
                     Kind::Loading(flight) => {
-                        if let Some(v) = flight.serving(|| now.get()) {
-                            // A refresh is in progress: the current value is still valid.
-                            self.inner.policy.on_hit(&entry.policy);
-                            pinned.count(Counter::Hits);
-                            return Begin::Done(Ok(v.clone()));
-                        }
                         let flight = Arc::clone(flight);
                         pinned.count(Counter::Misses);
                         drop(pinned);
@@ -270,6 +267,7 @@ where
                     }
                 }
             }
+            let refresh = claimed.is_some();
             if !refresh {
                 pinned.count(Counter::Misses);
             }
@@ -281,10 +279,10 @@ where
                     Some(p) => Some(p),
                     None => {
                         pinned.count(Counter::Throttled);
-                        if let Some((v, state)) = current_value {
+                        if let Some(state) = claimed {
                             state.unclaim(); // skip this refresh; a later read retries it
-                            return Begin::Done(Ok(v));
                         }
+                        // The value a refresh would replace (still valid), or an expired one.
                         if let Some((stale, _)) = replaced {
                             return Begin::Done(Ok(stale));
                         }
