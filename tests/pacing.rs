@@ -1,7 +1,10 @@
 //! Admission control (`max_concurrent_loads`) and warming.
 
+mod common;
+
+use common::held_load;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Mutex};
+use std::sync::Mutex;
 use std::thread;
 use std::time::Duration;
 
@@ -9,23 +12,6 @@ use herdcache::{Cache, LoadError, ManualClock};
 
 type C = Cache<u64, u64>;
 const SEC: Duration = Duration::from_secs(1);
-
-/// Holds the cache's only load permit (a load of `key` blocked in its loader) until released.
-fn hold_permit(c: &C, key: u64) -> (mpsc::Sender<()>, thread::JoinHandle<()>) {
-    let (release, gate) = mpsc::channel::<()>();
-    let (started, is_started) = mpsc::channel();
-    let c = c.clone();
-    let t = thread::spawn(move || {
-        c.get_or_load(&key, |_| {
-            started.send(()).unwrap();
-            gate.recv().unwrap();
-            Ok::<_, ()>(key)
-        })
-        .unwrap();
-    });
-    is_started.recv().unwrap();
-    (release, t)
-}
 
 /// Tracks the most loader calls running at once.
 #[derive(Default)]
@@ -53,7 +39,7 @@ fn a_load_over_the_bound_without_a_stale_value_waits_until_its_deadline() {
         .max_concurrent_loads(1)
         .build()
         .unwrap();
-    let (release, holder) = hold_permit(&c, 1);
+    let (release, holder) = held_load(&c, 1, 1);
     let r = c.get_or_load_timeout(&2, Duration::ZERO, |_| Ok::<_, ()>(2));
     assert_eq!(r, Err(LoadError::Timeout));
     assert!(c.stats().throttled >= 1);
@@ -79,7 +65,7 @@ fn a_load_over_the_bound_serves_the_stale_value() {
         .unwrap();
     c.insert(2, 20);
     clock.advance(11 * SEC);
-    let (release, holder) = hold_permit(&c, 1);
+    let (release, holder) = held_load(&c, 1, 1);
     let r = c.get_or_load(&2, |_| -> Result<u64, ()> { panic!("must not load") });
     assert_eq!(
         r,
@@ -104,7 +90,7 @@ fn a_due_refresh_without_a_permit_is_skipped_and_retried_later() {
         .unwrap();
     c.get_or_load(&2, |_| Ok::<_, ()>(1)).unwrap();
     clock.advance(11 * SEC);
-    let (release, holder) = hold_permit(&c, 1);
+    let (release, holder) = held_load(&c, 1, 1);
     let r = c.get_or_load(&2, |_| -> Result<u64, ()> {
         panic!("no permit: no refresh")
     });

@@ -1,6 +1,9 @@
 //! Early refresh with a manual clock: soft TTL (stale-while-revalidate), XFetch's window,
 //! one refresh at a time, stale-if-error, and refreshes racing writes.
 
+mod common;
+
+use common::held_load;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Barrier;
@@ -23,24 +26,6 @@ fn never(_: &u64) -> Result<u64, String> {
     panic!("the loader must not run here")
 }
 
-/// Starts a refresh of `key` whose loader returns `value` once released; returns when the
-/// refresh is in flight.
-fn held_refresh(c: &C, key: u64, value: u64) -> (mpsc::Sender<()>, thread::JoinHandle<u64>) {
-    let (release, gate) = mpsc::channel::<()>();
-    let (started, is_started) = mpsc::channel();
-    let c2 = c.clone();
-    let t = thread::spawn(move || {
-        c2.get_or_load(&key, |_| {
-            started.send(()).unwrap();
-            gate.recv().unwrap();
-            Ok::<_, String>(value)
-        })
-        .unwrap()
-    });
-    is_started.recv().unwrap();
-    (release, t)
-}
-
 #[test]
 fn after_the_soft_ttl_readers_keep_the_value_while_one_refresh_runs() {
     let clock = ManualClock::new();
@@ -53,7 +38,7 @@ fn after_the_soft_ttl_readers_keep_the_value_while_one_refresh_runs() {
         "before the soft TTL: no refresh"
     );
     clock.advance(2 * SEC);
-    let (release, refresher) = held_refresh(&c, 1, 2);
+    let (release, refresher) = held_load(&c, 1, 2);
     // While it runs, nobody waits and nobody else loads.
     for _ in 0..100 {
         assert_eq!(c.get_or_load(&1, never).unwrap(), 1);
@@ -110,7 +95,7 @@ fn past_the_hard_expiry_readers_wait_on_the_refresh_instead_of_loading_again() {
     let c: C = builder(&clock).refresh_after(10 * SEC).build().unwrap();
     c.get_or_load(&1, |_| Ok::<_, String>(1)).unwrap();
     clock.advance(11 * SEC);
-    let (release, refresher) = held_refresh(&c, 1, 2);
+    let (release, refresher) = held_load(&c, 1, 2);
     clock.advance(60 * SEC);
     assert_eq!(c.get(&1), None, "the old value is past its hard expiry");
     let waiter = {
@@ -193,7 +178,7 @@ fn a_refresh_that_raced_an_invalidation_never_puts_the_old_key_back() {
     let c: C = builder(&clock).refresh_after(10 * SEC).build().unwrap();
     c.get_or_load(&1, |_| Ok::<_, String>(1)).unwrap();
     clock.advance(11 * SEC);
-    let (release, refresher) = held_refresh(&c, 1, 2);
+    let (release, refresher) = held_load(&c, 1, 2);
     assert!(
         c.invalidate(&1),
         "the value being refreshed was still valid"
@@ -213,7 +198,7 @@ fn an_insert_during_a_refresh_wins() {
     let c: C = builder(&clock).refresh_after(10 * SEC).build().unwrap();
     c.get_or_load(&1, |_| Ok::<_, String>(1)).unwrap();
     clock.advance(11 * SEC);
-    let (release, refresher) = held_refresh(&c, 1, 2);
+    let (release, refresher) = held_load(&c, 1, 2);
     c.insert(1, 7);
     release.send(()).unwrap();
     refresher.join().unwrap();

@@ -2,6 +2,9 @@
 //! forget, invalidation and inserts racing a load. No test sleeps: a leader's loader is held
 //! until the test has seen the waiters join (through `coalesced_waits`).
 
+mod common;
+
+use common::held_load;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Barrier};
@@ -21,26 +24,6 @@ fn await_waiters(c: &C, waiters: u64) {
     while c.stats().coalesced_waits < waiters {
         thread::yield_now();
     }
-}
-
-/// Starts a leader for `key` whose loader returns `value` once `release` fires; returns when
-/// the load is in flight.
-fn held_leader(c: &C, key: u64, value: u64) -> (mpsc::Sender<()>, thread::JoinHandle<u64>) {
-    let (release, gate) = mpsc::channel::<()>();
-    let (started, is_started) = mpsc::channel();
-    let leader = {
-        let c = c.clone();
-        thread::spawn(move || {
-            c.get_or_load(&key, |_| {
-                started.send(()).unwrap();
-                gate.recv().unwrap();
-                Ok::<_, ()>(value)
-            })
-            .unwrap()
-        })
-    };
-    is_started.recv().unwrap();
-    (release, leader)
 }
 
 #[test]
@@ -148,7 +131,7 @@ fn a_waiter_past_its_deadline_gets_the_stale_value_and_the_load_carries_on() {
         .unwrap();
     c.insert(1, 1);
     clock.advance(Duration::from_secs(11));
-    let (release, leader) = held_leader(&c, 1, 2);
+    let (release, leader) = held_load(&c, 1, 2);
     let r = c.get_or_load_timeout(&1, Duration::from_millis(20), |_| Ok::<_, ()>(99));
     assert_eq!(r.unwrap(), 1, "stale value");
     assert_eq!(c.stats().timeouts, 1);
@@ -160,7 +143,7 @@ fn a_waiter_past_its_deadline_gets_the_stale_value_and_the_load_carries_on() {
 #[test]
 fn a_waiter_past_its_deadline_without_a_stale_value_times_out() {
     let c = cache();
-    let (release, leader) = held_leader(&c, 1, 2);
+    let (release, leader) = held_load(&c, 1, 2);
     let r = c.get_or_load_timeout(&1, Duration::ZERO, |_| Ok::<_, ()>(99));
     assert!(matches!(r, Err(LoadError::Timeout)), "{r:?}");
     release.send(()).unwrap();
@@ -171,7 +154,7 @@ fn a_waiter_past_its_deadline_without_a_stale_value_times_out() {
 #[test]
 fn forget_detaches_a_load_whose_result_then_goes_only_to_its_waiters() {
     let c = cache();
-    let (release, leader) = held_leader(&c, 1, 1);
+    let (release, leader) = held_load(&c, 1, 1);
     let waiter = {
         let c = c.clone();
         thread::spawn(move || c.get_or_load(&1, |_| Ok::<_, ()>(99)).unwrap())
@@ -191,7 +174,7 @@ fn forget_detaches_a_load_whose_result_then_goes_only_to_its_waiters() {
 #[test]
 fn invalidate_during_a_load_keeps_its_result_out_of_the_cache() {
     let c = cache();
-    let (release, leader) = held_leader(&c, 1, 1);
+    let (release, leader) = held_load(&c, 1, 1);
     assert!(!c.invalidate(&1), "a load in progress is not a value");
     release.send(()).unwrap();
     assert_eq!(leader.join().unwrap(), 1);
@@ -201,7 +184,7 @@ fn invalidate_during_a_load_keeps_its_result_out_of_the_cache() {
 #[test]
 fn insert_during_a_load_wins() {
     let c = cache();
-    let (release, leader) = held_leader(&c, 1, 1);
+    let (release, leader) = held_load(&c, 1, 1);
     c.insert(1, 5);
     release.send(()).unwrap();
     assert_eq!(leader.join().unwrap(), 1);

@@ -2,7 +2,10 @@
 #![allow(dead_code)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
+use std::thread;
+
+use herdcache::Cache;
 
 /// A value that counts its drops (and its clones, which are drops too when they go).
 #[derive(Debug)]
@@ -24,4 +27,27 @@ impl Drop for Tracked {
     fn drop(&mut self) {
         self.drops.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// Starts a `get_or_load` of `key` on another thread, whose loader returns `value` once the
+/// returned sender fires; returns when that loader is running (so the load is in flight, a
+/// refresh of a due key is in progress, or the cache's one load permit is held).
+pub fn held_load(
+    c: &Cache<u64, u64>,
+    key: u64,
+    value: u64,
+) -> (mpsc::Sender<()>, thread::JoinHandle<u64>) {
+    let (release, gate) = mpsc::channel::<()>();
+    let (started, is_started) = mpsc::channel();
+    let c = c.clone();
+    let t = thread::spawn(move || {
+        c.get_or_load(&key, |_| {
+            started.send(()).unwrap();
+            gate.recv().unwrap();
+            Ok::<_, ()>(value)
+        })
+        .unwrap()
+    });
+    is_started.recv().unwrap();
+    (release, t)
 }
