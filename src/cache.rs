@@ -280,7 +280,7 @@ where
     }
 
     /// Finds a live value, counting the hit or miss and removing an expired entry found.
-    #[inline]
+    #[inline(always)]
     fn lookup<'g, Q>(&self, key: &Q, pinned: &'g Pinned<'_>) -> Option<&'g V>
     where
         K: Borrow<Q>,

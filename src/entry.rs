@@ -14,15 +14,21 @@ pub(crate) const NEVER: u64 = u64::MAX;
 /// One slot's content. Immutable once published, except for the policy state (see
 /// `policy/`). Every write of a key publishes a new `Entry` with a fresh version, so "the
 /// entry still has version v" identifies one write even if its address was reused.
+///
+/// Laid out in declaration order (`repr(C)` here, on `Kind` and on `Ready`) with what a hit
+/// reads first: the policy byte, the state's discriminant, the value and its expiry, then the
+/// refresh plan (read only by `get_or_load`), then the version (read only by writers).
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct Entry<V> {
-    pub(crate) version: u64,
-    pub(crate) kind: Kind<V>,
     pub(crate) policy: EntryState,
+    pub(crate) kind: Kind<V>,
+    pub(crate) version: u64,
 }
 
 /// The states of a key (DESIGN.md §4).
 #[derive(Debug)]
+#[repr(u8)]
 pub(crate) enum Kind<V> {
     /// A usable value.
     Ready(Ready<V>),
@@ -38,6 +44,7 @@ pub(crate) enum Kind<V> {
 
 /// A value, its expiry, and when to refresh it.
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct Ready<V> {
     pub(crate) value: V,
     /// Hard expiry in clock nanoseconds, or [`NEVER`].
@@ -67,9 +74,9 @@ impl<V> Entry<V> {
 
     fn with_kind(version: u64, kind: Kind<V>) -> Self {
         Entry {
-            version,
-            kind,
             policy: EntryState::default(),
+            kind,
+            version,
         }
     }
 

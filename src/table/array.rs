@@ -82,6 +82,54 @@ impl<K, V> SlotArray<K, V> {
             .max(MIN_SLOTS)
     }
 
+    /// Probes this array for the key whose hash is `hash` (tag byte `tag`) and which
+    /// satisfies `eq`: its node and whether its slot is frozen, or `None` when the probe
+    /// reaches an unclaimed slot (or covers the whole array) without finding it.
+    ///
+    /// A slot claimed but whose tag is not yet stored is examined like a tag match: stopping
+    /// there would make lookups miss a key that writers see, so a caller that loads on a miss
+    /// would retry until the claiming writer runs again.
+    #[inline(always)]
+    pub(crate) fn find<'g>(
+        &self,
+        hash: u64,
+        tag: u8,
+        eq: &mut impl FnMut(&K) -> bool,
+        guard: &'g Guard,
+    ) -> Option<(&'g Node<K, V>, bool)> {
+        let home = hash as usize & self.mask;
+        let mut i = home;
+        loop {
+            // SAFETY: `i <= mask`, and both boxes hold `mask + 1` elements.
+            let (tag_slot, slot) =
+                unsafe { (self.tags.get_unchecked(i), self.slots.get_unchecked(i)) };
+            // Acquire pairs with the Release tag store after a claim: seeing the tag means
+            // seeing the slot's claim.
+            let t = tag_slot.load(Ordering::Acquire);
+            if t == tag || t == TAG_EMPTY {
+                // Acquire pairs with the Release CAS that published the node.
+                let p = slot.load(Ordering::Acquire, guard);
+                // SAFETY: a non-null slot pointer is a node that is not yet reclaimed: it is
+                // retired only after being unlinked, and the caller's guard keeps it alive
+                // since. (`as_ref` ignores the tag bits.)
+                match unsafe { p.as_ref() } {
+                    Some(node) if node.hash == hash && eq(&node.key) => {
+                        return Some((node, p.tag() & SlotBits::FROZEN != 0));
+                    }
+                    Some(_) => {} // another key
+                    // Unclaimed (possibly frozen empty): the probe ends. A null pointer with
+                    // the tombstone bit was claimed and removed: probe on.
+                    None if t == TAG_EMPTY && p.tag() & SlotBits::TOMBSTONE == 0 => return None,
+                    None => {}
+                }
+            }
+            i = (i + 1) & self.mask;
+            if i == home {
+                return None; // every slot examined
+            }
+        }
+    }
+
     /// Whether every slot of this array has been copied into `next`.
     ///
     /// Acquire: pairs with the Release `fetch_add` of every copier, so a thread that sees the

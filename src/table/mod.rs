@@ -137,7 +137,10 @@ impl<K, V> Table<K, V> {
     }
 
     /// Looks up the node whose hash is `hash` and whose key satisfies `eq`.
-    #[inline]
+    ///
+    /// This is the hit path: one probe of the newest array in the common case, with the
+    /// following of a migration kept out of line.
+    #[inline(always)]
     pub fn get<'g>(
         &self,
         hash: u64,
@@ -146,50 +149,18 @@ impl<K, V> Table<K, V> {
     ) -> Option<&'g Node<K, V>> {
         let tag = tag_of(hash);
         let mut array = self.root.load(Ordering::Acquire, guard);
-        'arrays: loop {
+        loop {
             // SAFETY: see `newest`: reachable arrays are valid under the guard.
             let a = unsafe { array.deref() };
-            for i in Probe::new(hash, a.mask) {
-                // Acquire pairs with the Release tag store after a claim: seeing the tag
-                // means seeing the slot's claim.
-                let t = a.tags[i].load(Ordering::Acquire);
-                if t != TAG_EMPTY && t != tag {
-                    continue;
-                }
-                // Acquire pairs with the Release CAS that published the node.
-                let p = a.slots[i].load(Ordering::Acquire, guard);
-                if t == TAG_EMPTY && p.is_null() {
-                    if p.tag() & SlotBits::TOMBSTONE != 0 {
-                        continue; // claimed and removed before its tag was stored
-                    }
-                    // Unclaimed: the probe ends. (A slot claimed but whose tag is not yet
-                    // stored is examined below like a tag match; stopping there would make
-                    // lookups miss a key that writers see, so a caller that loads on a miss
-                    // would retry until the claiming writer runs again.)
-                    break;
-                }
-                // SAFETY: a non-null slot pointer is a node that is not yet reclaimed: it is
-                // retired only after being unlinked, and the guard keeps it alive since.
-                let Some(node) = (unsafe { p.as_ref() }) else {
-                    continue; // tombstone
-                };
-                if node.hash != hash || !eq(&node.key) {
-                    continue;
-                }
-                if p.tag() & SlotBits::FROZEN != 0 {
-                    if let Some(next) = a.completed_next(guard) {
-                        // Writers may have changed this key in the next array.
-                        array = next;
-                        continue 'arrays;
-                    }
-                }
+            let found = a.find(hash, tag, &mut eq, guard);
+            if let Some((node, false)) = found {
                 return Some(node);
             }
-            // Missed here; if a migration completed, writers may since have inserted the key
-            // into the next array.
+            // Missed, or found a frozen node: if a migration completed, writers may since have
+            // changed the key in the next array; otherwise this array's answer stands.
             match a.completed_next(guard) {
                 Some(next) => array = next,
-                None => return None,
+                None => return found.map(|(node, _)| node),
             }
         }
     }

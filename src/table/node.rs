@@ -4,8 +4,10 @@
 /// (interior mutability, where a value needs it, lives inside `V`).
 ///
 /// The alignment of 8 leaves the three low bits of every node pointer free; the slot uses
-/// two of them (see `SlotBits`).
-#[repr(align(8))]
+/// two of them (see `SlotBits`). The fields are in declaration order (`repr(C)`) so that a
+/// lookup's first reads, the hash and the key, lead the node and the value follows them:
+/// a hit reads the front of the node, usually one cache line.
+#[repr(C, align(8))]
 #[derive(Debug)]
 pub struct Node<K, V> {
     /// The full hash of `key`, computed once by the caller's hasher.
