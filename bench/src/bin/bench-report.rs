@@ -1,0 +1,517 @@
+//! Writes docs/BENCHMARKS.md and its SVG plots from fresh measurements.
+//!
+//! - Throughput: read from criterion's results in `target/criterion` (run
+//!   `cargo bench -p herdcache-bench --bench throughput` first; it is not re-run here because
+//!   it takes minutes and wants an otherwise idle machine).
+//! - Stampedes: every configuration of `stampede-bench`, run now.
+//! - Hit ratio: the default grid of `hitratio`, run now (skipped with a message if no traces).
+//!
+//! Run: `cargo run --release -p herdcache-bench --bin bench-report -- [--out DIR]
+//! [--seconds S] [--traces DIR]`. `--out` defaults to the workspace's `docs/`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use herdcache_bench::args::{exit_usage, Flags};
+use herdcache_bench::hitratio::{self, Cell, POLICIES};
+use herdcache_bench::stampede::{self, Config, Report, Settings};
+use herdcache_bench::{svg, trace};
+
+const USAGE: &str = "bench-report [--out DIR] [--seconds S] [--traces DIR]";
+
+/// One criterion measurement: workload, cache, threads, operations per second.
+#[derive(Debug, Clone)]
+struct Throughput {
+    workload: String,
+    cache: String,
+    threads: usize,
+    ops_per_sec: f64,
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("bench/ has a parent")
+        .to_path_buf()
+}
+
+fn read_json(path: &Path) -> Option<serde_json::Value> {
+    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+}
+
+/// Every `new/benchmark.json` under criterion's output directory, with its median.
+fn criterion_results(dir: &Path) -> Vec<Throughput> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                if p.file_name().is_some_and(|n| n == "new") {
+                    if let Some(t) = one_result(&p) {
+                        out.push(t);
+                    }
+                } else {
+                    stack.push(p);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn one_result(new: &Path) -> Option<Throughput> {
+    let bench = read_json(&new.join("benchmark.json"))?;
+    let est = read_json(&new.join("estimates.json"))?;
+    let elements = bench["throughput"]["Elements"].as_f64()?;
+    let median_ns = est["median"]["point_estimate"].as_f64()?;
+    Some(Throughput {
+        workload: bench["group_id"].as_str()?.to_owned(),
+        cache: bench["function_id"].as_str()?.to_owned(),
+        threads: bench["value_str"].as_str()?.parse().ok()?,
+        ops_per_sec: elements / (median_ns * 1e-9),
+    })
+}
+
+const WORKLOADS: [(&str, &str); 5] = [
+    ("read_uniform", "100k keys, uniform reads, all hits"),
+    ("read_zipf1", "100k keys, Zipf(1.0) reads, all hits"),
+    ("read_hot_key", "one hot key, all hits"),
+    (
+        "mixed_90_10",
+        "90% reads / 10% inserts, Zipf(1.0) over 1M keys, capacity 100k",
+    ),
+    ("insert_churn", "inserts of new keys at capacity 100k"),
+];
+
+const CACHE_ORDER: [&str; 10] = [
+    "herdcache",
+    "herdcache (pin per batch)",
+    "papaya",
+    "papaya (pin per batch)",
+    "quick_cache",
+    "moka",
+    "Mutex<LruCache>",
+    "RwLock<HashMap>",
+    "dashmap",
+    "std HashMap",
+];
+
+fn lookup(t: &[Throughput], w: &str, c: &str, threads: usize) -> Option<f64> {
+    t.iter()
+        .find(|x| x.workload == w && x.cache == c && x.threads == threads)
+        .map(|x| x.ops_per_sec)
+}
+
+fn mops(v: Option<f64>) -> String {
+    v.map_or("–".into(), |v| format!("{:.1}", v / 1e6))
+}
+
+fn throughput_section(t: &[Throughput], out_dir: &Path, md: &mut String) {
+    let _ = writeln!(md, "## Throughput\n");
+    if t.is_empty() {
+        let _ = writeln!(
+            md,
+            "No criterion results were found in `target/criterion`: run \
+             `cargo bench -p herdcache-bench --bench throughput`, then this report again.\n"
+        );
+        return;
+    }
+    let mut threads: Vec<usize> = t.iter().map(|x| x.threads).collect();
+    threads.sort_unstable();
+    threads.dedup();
+    let _ = writeln!(
+        md,
+        "Millions of operations per second, more is better (criterion medians from \
+         `cargo bench -p herdcache-bench --bench throughput`). Thread counts: {:?}. Each thread reads its own pre-generated key \
+         sequence; every cache uses foldhash's seeded hasher. \"pin per batch\" reads 1,024 keys \
+         per epoch pin (`Cache::pin`, papaya's `pin()`); the others pin (or lock) per read. \
+         Unbounded maps (papaya, dashmap, `RwLock<HashMap>`) do not take part in the workloads \
+         that evict. std's `HashMap` runs on one thread only, as the floor.\n",
+        threads
+    );
+    for (w, desc) in WORKLOADS {
+        let present: Vec<&str> = CACHE_ORDER
+            .iter()
+            .copied()
+            .filter(|c| threads.iter().any(|&n| lookup(t, w, c, n).is_some()))
+            .collect();
+        if present.is_empty() {
+            continue;
+        }
+        let _ = writeln!(md, "### `{w}`: {desc}\n");
+        let mut head = String::from("| cache |");
+        let mut rule = String::from("| --- |");
+        for n in &threads {
+            let _ = write!(head, " {n} thread{} |", if *n == 1 { "" } else { "s" });
+            rule += " ---: |";
+        }
+        let _ = writeln!(md, "{head}\n{rule}");
+        for c in &present {
+            let mut row = format!("| {} |", c.replace('<', "&lt;").replace('>', "&gt;"));
+            for &n in &threads {
+                let _ = write!(row, " {} |", mops(lookup(t, w, c, n)));
+            }
+            let _ = writeln!(md, "{row}");
+        }
+        let series: Vec<String> = threads.iter().map(|n| format!("{n} threads")).collect();
+        let values: Vec<Vec<f64>> = threads
+            .iter()
+            .map(|&n| {
+                present
+                    .iter()
+                    .map(|c| lookup(t, w, c, n).unwrap_or(0.0) / 1e6)
+                    .collect()
+            })
+            .collect();
+        let cats: Vec<String> = present.iter().map(|c| short_name(c)).collect();
+        let file = format!("throughput_{w}.svg");
+        write_file(
+            &out_dir.join("bench").join(&file),
+            &svg::bars(&format!("{w}: {desc}"), "Mops/s", &cats, &series, &values),
+        );
+        let _ = writeln!(md, "\n![{w}](bench/{file})\n");
+    }
+    targets(t, &threads, md);
+    let _ = writeln!(
+        md,
+        "What a herdcache hit does beyond a map lookup: it checks the entry's state and expiry, \
+         runs the eviction policy's hit hook (a test-before-set of a frequency byte) and bumps \
+         this thread's hit counter; `cargo bench --bench hit_path` and cachegrind put the \
+         rest of the difference to papaya in the epoch pin (crossbeam-epoch's pin is a locked \
+         instruction; papaya's collector pins with a lighter fence). The writes \
+         (`mixed_90_10`, `insert_churn`) pay for one allocation and one retirement per insert \
+         and the eviction sweep.\n"
+    );
+}
+
+fn short_name(c: &str) -> String {
+    c.replace(" (pin per batch)", "/pin")
+        .replace("Mutex<LruCache>", "Mutex<LRU>")
+        .replace("RwLock<HashMap>", "RwLock<Map>")
+        .replace("std HashMap", "std")
+}
+
+fn targets(t: &[Throughput], threads: &[usize], md: &mut String) {
+    let _ = writeln!(md, "### Targets\n");
+    let _ = writeln!(md, "| target | measured | met |\n| --- | ---: | :---: |");
+    let mut row = |what: String, ratio: Option<f64>, goal: f64| {
+        let (m, ok) = match ratio {
+            Some(r) => (format!("{r:.2}x"), if r >= goal { "yes" } else { "no" }),
+            None => ("–".into(), "–"),
+        };
+        let _ = writeln!(md, "| {what} | {m} | {ok} |");
+    };
+    let ratio = |a: Option<f64>, b: Option<f64>| Some(a? / b?);
+    for w in ["read_uniform", "read_zipf1", "read_hot_key"] {
+        for &n in threads {
+            row(
+                format!("`{w}`, {n} threads: herdcache `get` / papaya `pin().get` per read, ≥ 1"),
+                ratio(lookup(t, w, "herdcache", n), lookup(t, w, "papaya", n)),
+                1.0,
+            );
+            row(
+                format!("`{w}`, {n} threads: herdcache / papaya, one pin per batch, ≥ 1"),
+                ratio(
+                    lookup(t, w, "herdcache (pin per batch)", n),
+                    lookup(t, w, "papaya (pin per batch)", n),
+                ),
+                1.0,
+            );
+        }
+        row(
+            format!("`{w}`, 2 threads: herdcache `get` / quick_cache, ≥ 3"),
+            ratio(lookup(t, w, "herdcache", 2), lookup(t, w, "quick_cache", 2)),
+            3.0,
+        );
+        row(
+            format!("`{w}`, 2 threads: herdcache `get` / moka, ≥ 10"),
+            ratio(lookup(t, w, "herdcache", 2), lookup(t, w, "moka", 2)),
+            10.0,
+        );
+    }
+    for c in ["herdcache", "herdcache (pin per batch)"] {
+        row(
+            format!("`read_hot_key`, {c}: 2 threads / 1 thread, ≥ 1.8"),
+            ratio(
+                lookup(t, "read_hot_key", c, 2),
+                lookup(t, "read_hot_key", c, 1),
+            ),
+            1.8,
+        );
+    }
+    row(
+        "`read_uniform`, 1 thread: std `HashMap` time / herdcache pin-per-batch time, ≥ 1/1.5 \
+         (0.67)"
+            .into(),
+        ratio(
+            lookup(t, "read_uniform", "herdcache (pin per batch)", 1),
+            lookup(t, "read_uniform", "std HashMap", 1),
+        ),
+        1.0 / 1.5,
+    );
+    let _ = writeln!(md);
+}
+
+fn stampede_section(reports: &[Report], s: &Settings, out_dir: &Path, md: &mut String) {
+    let _ = writeln!(
+        md,
+        "## Stampedes\n\n`cargo run --release -p herdcache-bench --bin stampede-bench` \
+         ({} readers, {} reads/s in total, source load {:?}, TTL {:?}, {:?} per \
+         configuration). Loads per expiry: source loads / (run time / (TTL + load time)); \
+         blocked: reads that took at least half a load.\n",
+        s.readers, s.rate, s.load, s.ttl, s.run
+    );
+    let _ = writeln!(
+        md,
+        "| configuration | loads | per expiry | max at once | blocked | p50 | p99 | p99.9 | max |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
+    let ns = |v: u64| format!("{:.1?}", std::time::Duration::from_nanos(v));
+    for r in reports {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.2} | {} | {} | {} | {} | {} | {} |",
+            r.name.trim_start().replace("  + ", "+ "),
+            r.loads,
+            r.loads_per_expiry,
+            r.max_concurrent_loads,
+            r.blocked,
+            ns(r.p50_ns),
+            ns(r.p99_ns),
+            ns(r.p999_ns),
+            ns(r.max_ns)
+        );
+    }
+    let series: Vec<(String, Vec<(f64, f64)>)> = reports
+        .iter()
+        .map(|r| {
+            let mut pts = vec![(0.0, 0.0)];
+            for (i, &t) in r.load_start_ms.iter().enumerate() {
+                pts.push((t, (i + 1) as f64));
+            }
+            pts.push((s.run.as_secs_f64() * 1e3, r.load_start_ms.len() as f64));
+            (r.name.trim_start().to_owned(), pts)
+        })
+        .collect();
+    write_file(
+        &out_dir.join("bench/stampede_loads.svg"),
+        &svg::lines(
+            "Source loads over time (each step is one load)",
+            "ms since start",
+            "source loads so far",
+            &series,
+            true,
+        ),
+    );
+    let _ = writeln!(
+        md,
+        "\n![source loads over time](bench/stampede_loads.svg)\n"
+    );
+}
+
+fn hitratio_section(cells: &[Cell], note: &str, out_dir: &Path, md: &mut String) {
+    let _ = writeln!(
+        md,
+        "## Hit ratio\n\n`cargo run --release -p herdcache-bench --bin hitratio`: each trace \
+         replayed on one thread (get, insert on a miss) at each capacity. OPT is Belady's \
+         clairvoyant policy with bypass, the limit for any policy. The last column is \
+         herdcache minus the better of moka and quick_cache, in points.\n"
+    );
+    if cells.is_empty() {
+        let _ = writeln!(md, "{note}\n");
+        return;
+    }
+    let _ = write!(md, "| trace | capacity |");
+    for p in POLICIES {
+        let _ = write!(md, " {p} |");
+    }
+    let _ = writeln!(md, " vs best peer |");
+    let _ = writeln!(
+        md,
+        "| --- | ---: |{} ---: |",
+        " ---: |".repeat(POLICIES.len())
+    );
+    for c in cells {
+        let _ = write!(md, "| {} | {} |", c.trace, c.capacity);
+        for r in &c.hit_ratio {
+            let _ = write!(md, " {r:.2}% |");
+        }
+        let best = c.of("moka").max(c.of("quick_cache"));
+        let _ = writeln!(md, " {:+.2} |", c.of("herdcache") - best);
+    }
+    let _ = write!(md, "| mean | |");
+    for i in 0..POLICIES.len() {
+        let m = cells.iter().map(|c| c.hit_ratio[i]).sum::<f64>() / cells.len() as f64;
+        let _ = write!(md, " {m:.2}% |");
+    }
+    let _ = writeln!(md, " |\n");
+    let mut by_trace: BTreeMap<&str, Vec<&Cell>> = BTreeMap::new();
+    for c in cells {
+        by_trace.entry(&c.trace).or_default().push(c);
+    }
+    for (name, cs) in by_trace {
+        let series: Vec<(String, Vec<(f64, f64)>)> = POLICIES
+            .iter()
+            .map(|p| {
+                (
+                    p.to_string(),
+                    cs.iter().map(|c| (c.capacity as f64, c.of(p))).collect(),
+                )
+            })
+            .collect();
+        let file = format!("hitratio_{name}.svg");
+        write_file(
+            &out_dir.join("bench").join(&file),
+            &svg::lines(
+                &format!("{name}: hit ratio by capacity"),
+                "capacity (entries)",
+                "hit ratio (%)",
+                &series,
+                false,
+            ),
+        );
+        let _ = writeln!(md, "![{name}](bench/{file})");
+    }
+    let _ = writeln!(md);
+}
+
+fn write_file(path: &Path, text: &str) {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)
+            .unwrap_or_else(|e| exit_usage(&format!("{}: {e}", dir.display()), USAGE));
+    }
+    std::fs::write(path, text)
+        .unwrap_or_else(|e| exit_usage(&format!("{}: {e}", path.display()), USAGE));
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let rustc = std::process::Command::new("rustc")
+        .arg("-V")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|| "rustc (unknown version)".into());
+    format!("{cpu}, {cores} hardware threads available; {rustc}; release profile")
+}
+
+fn versions() -> String {
+    let lock = std::fs::read_to_string(workspace().join("Cargo.lock")).unwrap_or_default();
+    let mut out = Vec::new();
+    for name in [
+        "moka",
+        "quick_cache",
+        "lru",
+        "parking_lot",
+        "dashmap",
+        "papaya",
+        "crossbeam-epoch",
+        "foldhash",
+        "criterion",
+    ] {
+        let needle = format!("name = \"{name}\"\nversion = \"");
+        // A crate can be in the lock file at several versions (peers pull in their own).
+        let found: Vec<&str> = lock
+            .match_indices(&needle)
+            .filter_map(|(i, _)| lock[i + needle.len()..].split('"').next())
+            .collect();
+        if !found.is_empty() {
+            out.push(format!("{name} {}", found.join(" and ")));
+        }
+    }
+    out.join(", ")
+}
+
+fn main() {
+    let flags = Flags::parse(&["--out", "--seconds", "--traces"], &["--help"])
+        .unwrap_or_else(|e| exit_usage(&e, USAGE));
+    if flags.has("--help") {
+        exit_usage("", USAGE);
+    }
+    let out_dir = flags
+        .raw("--out")
+        .last()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("docs"));
+    let secs: f64 = flags
+        .get("--seconds", 3.0)
+        .unwrap_or_else(|e| exit_usage(&e, USAGE));
+    if !(secs >= 0.1 && secs.is_finite()) {
+        exit_usage("--seconds must be at least 0.1", USAGE);
+    }
+    let settings = Settings {
+        run: std::time::Duration::from_secs_f64(secs),
+        ..Settings::default()
+    };
+
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target"));
+    let throughput = criterion_results(&target.join("criterion"));
+    eprintln!("throughput: {} criterion results", throughput.len());
+
+    eprintln!(
+        "stampedes: {} configurations, {secs} s each",
+        Config::ALL.len()
+    );
+    let reports: Vec<Report> = Config::ALL
+        .iter()
+        .map(|&c| stampede::run(c, &settings))
+        .collect();
+
+    let trace_dir = flags
+        .raw("--traces")
+        .last()
+        .map(PathBuf::from)
+        .or_else(trace::default_dir);
+    let (cells, note) = match trace_dir.as_deref().map(trace::files_in) {
+        Some(Ok(files)) if !files.is_empty() => {
+            eprintln!("hit ratio: {} traces", files.len());
+            let mut cells = Vec::new();
+            for f in files {
+                let t = trace::read(&f).unwrap_or_else(|e| exit_usage(&e, USAGE));
+                for &cap in t.format.default_capacities() {
+                    cells.push(hitratio::cell(&t, cap));
+                }
+            }
+            (cells, String::new())
+        }
+        _ => (
+            Vec::new(),
+            "No traces were found (pass `--traces DIR` or set `HERDCACHE_TRACES`), so this \
+             section was not measured."
+                .to_owned(),
+        ),
+    };
+
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "# Benchmarks\n\nGenerated by `cargo run --release -p herdcache-bench --bin \
+         bench-report` (after `cargo bench -p herdcache-bench --bench throughput`); do not \
+         edit by hand, re-run it.\n\n- Machine: {}\n- Versions: {}\n- Hit-path details \
+         (single-threaded cost of one hit next to std's `HashMap`): `cargo bench --bench \
+         hit_path`.\n",
+        machine(),
+        versions()
+    );
+    throughput_section(&throughput, &out_dir, &mut md);
+    stampede_section(&reports, &settings, &out_dir, &mut md);
+    hitratio_section(&cells, &note, &out_dir, &mut md);
+    write_file(&out_dir.join("BENCHMARKS.md"), &md);
+    eprintln!("wrote {}", out_dir.join("BENCHMARKS.md").display());
+}

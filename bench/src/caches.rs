@@ -1,0 +1,273 @@
+//! The caches and maps under test, behind one small trait so that every workload runs the
+//! same code against each (monomorphised: no dynamic dispatch in the timed loops).
+//!
+//! Every adapter uses the same hasher, foldhash's seeded `fast::RandomState`, which is
+//! herdcache's default; every crate compared here accepts a custom `BuildHasher`.
+
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::sync::Mutex;
+
+use parking_lot::RwLock;
+
+/// The hasher given to every cache and map.
+pub type Hasher = foldhash::fast::RandomState;
+
+/// A concurrent cache (or map) of `u64` to `u64`, as the benchmarks use it.
+pub trait BenchCache: Send + Sync + Sized + 'static {
+    /// Name in tables and plots.
+    const NAME: &'static str;
+    /// Whether the cache bounds its size; unbounded maps are left out of eviction workloads.
+    const BOUNDED: bool;
+    /// A cache holding at most `capacity` entries (unbounded maps: sized for it).
+    fn with_capacity(capacity: usize) -> Self;
+    /// Looks `key` up.
+    fn get(&self, key: u64) -> Option<u64>;
+    /// Inserts or replaces `key`.
+    fn insert(&self, key: u64, value: u64);
+    /// Finishes any deferred maintenance (moka applies writes to its policy in batches), so
+    /// that a timed run after preloading does not pay for the preload.
+    fn settle(&self) {}
+    /// Reads every key of `keys`, returning how many were found. Adapters whose cache offers a
+    /// cheaper batched read (one epoch pin for the batch) override this.
+    #[inline]
+    fn read_batch(&self, keys: &[u64]) -> u64 {
+        keys.iter().filter(|&&k| self.get(k).is_some()).count() as u64
+    }
+}
+
+/// herdcache's `Cache::get`: one epoch pin per read.
+pub struct Herdcache(pub herdcache::Cache<u64, u64, Hasher>);
+
+/// herdcache read through `Cache::pin`, one pin per batch of reads (`CacheGuard::get`).
+pub struct HerdcachePinned(pub herdcache::Cache<u64, u64, Hasher>);
+
+fn herdcache_with_capacity(capacity: usize) -> herdcache::Cache<u64, u64, Hasher> {
+    herdcache::Cache::builder()
+        .max_capacity(capacity as u64)
+        .initial_capacity(capacity)
+        .hasher(Hasher::default())
+        .build()
+        .expect("valid settings")
+}
+
+impl BenchCache for Herdcache {
+    const NAME: &'static str = "herdcache";
+    const BOUNDED: bool = true;
+    fn with_capacity(capacity: usize) -> Self {
+        Herdcache(herdcache_with_capacity(capacity))
+    }
+    #[inline]
+    fn get(&self, key: u64) -> Option<u64> {
+        self.0.get(&key)
+    }
+    #[inline]
+    fn insert(&self, key: u64, value: u64) {
+        self.0.insert(key, value)
+    }
+}
+
+impl BenchCache for HerdcachePinned {
+    const NAME: &'static str = "herdcache (pin per batch)";
+    const BOUNDED: bool = true;
+    fn with_capacity(capacity: usize) -> Self {
+        HerdcachePinned(herdcache_with_capacity(capacity))
+    }
+    #[inline]
+    fn get(&self, key: u64) -> Option<u64> {
+        self.0.pin().get(&key).copied()
+    }
+    #[inline]
+    fn insert(&self, key: u64, value: u64) {
+        self.0.insert(key, value)
+    }
+    #[inline]
+    fn read_batch(&self, keys: &[u64]) -> u64 {
+        let guard = self.0.pin();
+        keys.iter().filter(|k| guard.get(*k).is_some()).count() as u64
+    }
+}
+
+/// `moka::sync::Cache` (TinyLFU admission, LRU eviction).
+pub struct Moka(pub moka::sync::Cache<u64, u64, Hasher>);
+
+impl BenchCache for Moka {
+    const NAME: &'static str = "moka";
+    const BOUNDED: bool = true;
+    fn with_capacity(capacity: usize) -> Self {
+        Moka(
+            moka::sync::Cache::builder()
+                .max_capacity(capacity as u64)
+                .initial_capacity(capacity)
+                .build_with_hasher(Hasher::default()),
+        )
+    }
+    #[inline]
+    fn get(&self, key: u64) -> Option<u64> {
+        self.0.get(&key)
+    }
+    #[inline]
+    fn insert(&self, key: u64, value: u64) {
+        self.0.insert(key, value)
+    }
+    fn settle(&self) {
+        self.0.run_pending_tasks();
+    }
+}
+
+/// `quick_cache::sync::Cache` (sharded, S3-FIFO-like CLOCK-Pro).
+pub struct QuickCache(pub QuickCacheInner);
+
+/// The quick_cache type used here.
+pub type QuickCacheInner = quick_cache::sync::Cache<
+    u64,
+    u64,
+    quick_cache::UnitWeighter,
+    Hasher,
+    quick_cache::sync::DefaultLifecycle<u64, u64>,
+>;
+
+/// A quick_cache cache of `capacity` entries with the shared hasher.
+pub fn quick_cache_with_capacity(capacity: usize) -> QuickCacheInner {
+    quick_cache::sync::Cache::with(
+        capacity,
+        capacity as u64,
+        quick_cache::UnitWeighter,
+        Hasher::default(),
+        Default::default(),
+    )
+}
+
+impl BenchCache for QuickCache {
+    const NAME: &'static str = "quick_cache";
+    const BOUNDED: bool = true;
+    fn with_capacity(capacity: usize) -> Self {
+        QuickCache(quick_cache_with_capacity(capacity))
+    }
+    #[inline]
+    fn get(&self, key: u64) -> Option<u64> {
+        self.0.get(&key)
+    }
+    #[inline]
+    fn insert(&self, key: u64, value: u64) {
+        self.0.insert(key, value)
+    }
+}
+
+/// `Mutex<lru::LruCache>`: the classic mutex-based LRU (a hit moves the entry, so it takes
+/// the lock).
+pub struct MutexLru(pub Mutex<lru::LruCache<u64, u64, Hasher>>);
+
+impl BenchCache for MutexLru {
+    const NAME: &'static str = "Mutex<LruCache>";
+    const BOUNDED: bool = true;
+    fn with_capacity(capacity: usize) -> Self {
+        let cap = NonZeroUsize::new(capacity.max(1)).expect("at least one");
+        MutexLru(Mutex::new(lru::LruCache::with_hasher(
+            cap,
+            Hasher::default(),
+        )))
+    }
+    #[inline]
+    fn get(&self, key: u64) -> Option<u64> {
+        self.0.lock().unwrap().get(&key).copied()
+    }
+    #[inline]
+    fn insert(&self, key: u64, value: u64) {
+        self.0.lock().unwrap().put(key, value);
+    }
+}
+
+/// `parking_lot::RwLock<HashMap>`: a read-locked map, unbounded (no eviction).
+pub struct RwLockMap(pub RwLock<HashMap<u64, u64, Hasher>>);
+
+impl BenchCache for RwLockMap {
+    const NAME: &'static str = "RwLock<HashMap>";
+    const BOUNDED: bool = false;
+    fn with_capacity(capacity: usize) -> Self {
+        RwLockMap(RwLock::new(HashMap::with_capacity_and_hasher(
+            capacity,
+            Hasher::default(),
+        )))
+    }
+    #[inline]
+    fn get(&self, key: u64) -> Option<u64> {
+        self.0.read().get(&key).copied()
+    }
+    #[inline]
+    fn insert(&self, key: u64, value: u64) {
+        self.0.write().insert(key, value);
+    }
+}
+
+/// `dashmap::DashMap`: a sharded read-write-locked map, unbounded.
+pub struct DashMap(pub dashmap::DashMap<u64, u64, Hasher>);
+
+impl BenchCache for DashMap {
+    const NAME: &'static str = "dashmap";
+    const BOUNDED: bool = false;
+    fn with_capacity(capacity: usize) -> Self {
+        DashMap(dashmap::DashMap::with_capacity_and_hasher(
+            capacity,
+            Hasher::default(),
+        ))
+    }
+    #[inline]
+    fn get(&self, key: u64) -> Option<u64> {
+        self.0.get(&key).map(|r| *r)
+    }
+    #[inline]
+    fn insert(&self, key: u64, value: u64) {
+        self.0.insert(key, value);
+    }
+}
+
+/// `papaya::HashMap`: a lock-free map with no cache features, unbounded; one pin per read.
+pub struct Papaya(pub papaya::HashMap<u64, u64, Hasher>);
+
+/// papaya read with one pin per batch of reads.
+pub struct PapayaPinned(pub papaya::HashMap<u64, u64, Hasher>);
+
+fn papaya_with_capacity(capacity: usize) -> papaya::HashMap<u64, u64, Hasher> {
+    papaya::HashMap::builder()
+        .capacity(capacity)
+        .hasher(Hasher::default())
+        .build()
+}
+
+impl BenchCache for Papaya {
+    const NAME: &'static str = "papaya";
+    const BOUNDED: bool = false;
+    fn with_capacity(capacity: usize) -> Self {
+        Papaya(papaya_with_capacity(capacity))
+    }
+    #[inline]
+    fn get(&self, key: u64) -> Option<u64> {
+        self.0.pin().get(&key).copied()
+    }
+    #[inline]
+    fn insert(&self, key: u64, value: u64) {
+        self.0.pin().insert(key, value);
+    }
+}
+
+impl BenchCache for PapayaPinned {
+    const NAME: &'static str = "papaya (pin per batch)";
+    const BOUNDED: bool = false;
+    fn with_capacity(capacity: usize) -> Self {
+        PapayaPinned(papaya_with_capacity(capacity))
+    }
+    #[inline]
+    fn get(&self, key: u64) -> Option<u64> {
+        self.0.pin().get(&key).copied()
+    }
+    #[inline]
+    fn insert(&self, key: u64, value: u64) {
+        self.0.pin().insert(key, value);
+    }
+    #[inline]
+    fn read_batch(&self, keys: &[u64]) -> u64 {
+        let guard = self.0.pin();
+        keys.iter().filter(|k| guard.get(*k).is_some()).count() as u64
+    }
+}
