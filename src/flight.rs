@@ -19,14 +19,25 @@
 //! that sees `NOTIFIED` before it has parked parks once to absorb the wake-up on its way:
 //! no stray wake-up outlives the wait. Abandoned nodes stay in the stack (reference-counted)
 //! and are freed with it.
+//!
+//! # Waiting futures
+//! A future waits with a node of its own ([`Flight::subscribe`]) that holds its latest
+//! `Waker` in a small mutex instead of a thread. Each poll stores the waker and then reads the
+//! node's state; the completer moves the state to `NOTIFIED` and then takes the waker. The
+//! mutex orders the two: either the completer takes the waker this poll stored (and wakes
+//! it), or its state change happened before the poll's store and the poll sees `NOTIFIED`.
+//! A future dropped before the result moves its node to `ABANDONED`, as a thread leaving at
+//! its deadline does. Threads and futures wait on the same stack, so sync and async callers
+//! of one key share one load.
 
 use std::any::Any;
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use crate::sync::thread::{self, Thread};
-use crate::sync::{AtomicPtr, AtomicU8, AtomicUsize, Ordering, UnsafeCell};
+use crate::sync::{AtomicPtr, AtomicU8, AtomicUsize, Mutex, Ordering, UnsafeCell};
 
 /// How a load ended, as stored in the flight for every waiter.
 #[derive(Debug)]
@@ -37,6 +48,9 @@ pub(crate) enum FlightResult<V> {
     Failed(Arc<dyn Any + Send + Sync>),
     /// The loader panicked.
     Panicked,
+    /// The leader was dropped before its load finished (a cancelled future): nothing was
+    /// loaded, and each waiter looks at the key again, so one of them leads a new load.
+    Abandoned,
 }
 
 /// Waiter node states.
@@ -44,8 +58,16 @@ const WAITING: u8 = 0;
 const NOTIFIED: u8 = 1;
 const ABANDONED: u8 = 2;
 
+/// How to wake a waiter.
+enum Wake {
+    /// A parked thread.
+    Thread(Thread),
+    /// A future: the waker of its latest poll.
+    Task(Mutex<Option<Waker>>),
+}
+
 struct Waiter {
-    thread: Thread,
+    wake: Wake,
     state: AtomicU8,
     /// Written before the node is published by the push CAS, never after.
     next: *const Waiter,
@@ -182,29 +204,30 @@ impl<V> Flight<V> {
                 .compare_exchange(WAITING, NOTIFIED, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                waiter.thread.unpark();
+                match &waiter.wake {
+                    Wake::Thread(t) => t.unpark(),
+                    Wake::Task(slot) => {
+                        // Taken under the lock, woken outside it (waking runs executor code).
+                        let waker = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+                        if let Some(w) = waker {
+                            w.wake();
+                        }
+                    }
+                }
             }
         }
     }
 
-    /// Waits for the result until `deadline` (forever if `None`). `None` if the deadline passed
-    /// first; the flight carries on for the others either way.
-    pub(crate) fn wait(&self, deadline: Option<Instant>) -> Option<&FlightResult<V>> {
-        if let Some(r) = self.result() {
-            return Some(r);
-        }
-        let node = Arc::new(Waiter {
-            thread: thread::current(),
-            state: AtomicU8::new(WAITING),
-            next: ptr::null(),
-        });
-        let raw = Arc::into_raw(Arc::clone(&node)) as *mut Waiter;
+    /// Pushes `node` (an `Arc` reference given to the stack) unless the flight is complete;
+    /// returns whether it did.
+    fn push(&self, node: &Arc<Waiter>) -> bool {
+        let raw = Arc::into_raw(Arc::clone(node)) as *mut Waiter;
         let mut head = self.waiters.load(Ordering::Acquire);
         loop {
             if head == closed() {
                 // SAFETY: `raw` was never published; reclaim the stack's reference.
                 drop(unsafe { Arc::from_raw(raw) });
-                return self.result();
+                return false;
             }
             // SAFETY: `raw` is unpublished, so we are its only accessor.
             unsafe { (*raw).next = head };
@@ -215,9 +238,77 @@ impl<V> Flight<V> {
                 Ordering::Release,
                 Ordering::Acquire,
             ) {
-                Ok(_) => break,
+                Ok(_) => return true,
                 Err(h) => head = h,
             }
+        }
+    }
+
+    /// Registers a future as a waiter: `None` if the result is already available.
+    pub(crate) fn subscribe(&self) -> Option<Subscription> {
+        if self.is_complete() {
+            return None;
+        }
+        let node = Arc::new(Waiter {
+            wake: Wake::Task(Mutex::new(None)),
+            state: AtomicU8::new(WAITING),
+            next: ptr::null(),
+        });
+        self.push(&node).then_some(Subscription(node))
+    }
+
+    /// Polls a subscription: the result once the completer has notified it, else `Pending`
+    /// with `cx`'s waker stored for the completer (see the module docs for the ordering).
+    pub(crate) fn poll_result(
+        &self,
+        sub: &Subscription,
+        cx: &mut Context<'_>,
+    ) -> Poll<&FlightResult<V>> {
+        // Acquire pairs with the completer's AcqRel CAS to NOTIFIED (which follows its Release
+        // close of the stack, so the result is readable).
+        if sub.0.state.load(Ordering::Acquire) == NOTIFIED {
+            return Poll::Ready(self.result().expect("notified after completion"));
+        }
+        if let Wake::Task(slot) = &sub.0.wake {
+            let mut w = slot.lock().unwrap_or_else(|e| e.into_inner());
+            match &*w {
+                Some(old) if old.will_wake(cx.waker()) => {}
+                _ => *w = Some(cx.waker().clone()),
+            }
+        }
+        if sub.0.state.load(Ordering::Acquire) == NOTIFIED {
+            return Poll::Ready(self.result().expect("notified after completion"));
+        }
+        Poll::Pending
+    }
+
+    /// Leaves a subscription before its result (a dropped or timed-out future): the completer
+    /// will not wake it. A subscription already notified needs nothing.
+    pub(crate) fn unsubscribe(&self, sub: &Subscription) {
+        // AcqRel/Acquire as for a thread leaving at its deadline.
+        let _ =
+            sub.0
+                .state
+                .compare_exchange(WAITING, ABANDONED, Ordering::AcqRel, Ordering::Acquire);
+        if let Wake::Task(slot) = &sub.0.wake {
+            // Drop our waker now rather than when the flight goes.
+            drop(slot.lock().unwrap_or_else(|e| e.into_inner()).take());
+        }
+    }
+
+    /// Waits for the result until `deadline` (forever if `None`). `None` if the deadline passed
+    /// first; the flight carries on for the others either way.
+    pub(crate) fn wait(&self, deadline: Option<Instant>) -> Option<&FlightResult<V>> {
+        if let Some(r) = self.result() {
+            return Some(r);
+        }
+        let node = Arc::new(Waiter {
+            wake: Wake::Thread(thread::current()),
+            state: AtomicU8::new(WAITING),
+            next: ptr::null(),
+        });
+        if !self.push(&node) {
+            return self.result();
         }
         // Whether we have parked since we last saw WAITING: if not, the completer's unpark for
         // a NOTIFIED we see is still to come, and we absorb it.
@@ -259,6 +350,9 @@ impl<V> Flight<V> {
         }
     }
 }
+
+/// A future's place among a flight's waiters (see [`Flight::subscribe`]).
+pub(crate) struct Subscription(Arc<Waiter>);
 
 impl<V> Drop for Flight<V> {
     fn drop(&mut self) {

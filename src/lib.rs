@@ -146,6 +146,7 @@ mod cache;
 mod clock;
 mod entry;
 mod flight;
+mod future;
 mod load;
 mod local;
 mod pacing;

@@ -76,7 +76,7 @@ impl<E: std::error::Error + 'static> std::error::Error for LoadError<E> {
 }
 
 /// What a caller that is not the leader makes of a finished flight.
-enum Joined<V, E> {
+pub(crate) enum Joined<V, E> {
     Done(Result<V, LoadError<E>>),
     /// The load failed with another caller's error type: load again ourselves.
     Retry,
@@ -203,8 +203,9 @@ where
         matches!(outcome, Outcome::Removed(_))
     }
 
-    /// The miss path up to the loader: a hit, a joined flight, a cached error or a throttled
-    /// caller end here (`Done`); a caller that wins the install gets the `Lead` to run.
+    /// The miss path up to the loader, for a thread: a hit, a joined flight, a cached error
+    /// or a throttled caller end here (`Done`); a caller that wins the install gets the
+    /// `Lead` to run.
     fn begin<E>(&self, key: &K, deadline: Option<Instant>) -> Begin<K, V, S, E>
     where
         E: Send + Sync + 'static,
@@ -212,6 +213,39 @@ where
         let hash = self.inner.hasher.hash_one(key);
         // A load permit obtained by waiting, kept across a retry.
         let mut held = None;
+        loop {
+            match self.step(key, hash, &mut held) {
+                Step::Done(r) => return Begin::Done(r),
+                Step::Lead(lead) => return Begin::Lead(lead),
+                Step::Wait(flight) => {
+                    if flight.led_by_current_thread() {
+                        return Begin::Done(Err(LoadError::Recursive));
+                    }
+                    self.inner.domain.pin().count(Counter::CoalescedWaits);
+                    let outcome = flight.wait(deadline);
+                    match self.joined(&flight, outcome) {
+                        Joined::Done(r) => return Begin::Done(r),
+                        Joined::Retry => continue,
+                    }
+                }
+                Step::Throttled(limiter) => match limiter.acquire(deadline) {
+                    // The key may have changed while we waited: look again.
+                    Some(p) => held = Some(p),
+                    None => {
+                        self.inner.domain.pin().count(Counter::Timeouts);
+                        return Begin::Done(Err(LoadError::Timeout));
+                    }
+                },
+            }
+        }
+    }
+
+    /// One look at the key, which never blocks: what the caller does next. `held` is a permit
+    /// the caller obtained by waiting (taken if this step leads).
+    pub(crate) fn step<E>(&self, key: &K, hash: u64, held: &mut Option<Permit>) -> Step<K, V, S, E>
+    where
+        E: Send + Sync + 'static,
+    {
         loop {
             let pinned = self.inner.domain.pin();
             let current = self.inner.table.get(hash, |k| k == key, &pinned.guard);
@@ -229,7 +263,7 @@ where
                 if let Some(v) = entry.live_value(|| now.get()) {
                     self.record_hit(entry, &pinned);
                     let Kind::Ready(r) = &entry.kind else {
-                        return Begin::Done(Ok(v.clone()));
+                        return Step::Done(Ok(v.clone()));
                     };
                     let due = self.inner.refresh.active()
                         && self.inner.refresh.due(
@@ -239,7 +273,7 @@ where
                             crate::rng::unit_open_closed,
                         );
                     if !due || !r.refresh.try_claim() {
-                        return Begin::Done(Ok(v.clone()));
+                        return Step::Done(Ok(v.clone()));
                     }
                     claimed = Some(&r.refresh);
                 }
@@ -249,19 +283,14 @@ where
                         replaced = Some((r.value.clone(), r.expires_at));
                     }
                     Kind::Loading(flight) => {
-                        let flight = Arc::clone(flight);
                         pinned.count(Counter::Misses);
-                        drop(pinned);
-                        match self.join(&flight, deadline) {
-                            Joined::Done(r) => return Begin::Done(r),
-                            Joined::Retry => continue,
-                        }
+                        return Step::Wait(Arc::clone(flight));
                     }
                     Kind::Failed { error, .. } => {
                         if !entry.is_expired(|| now.get()) {
                             if let Some(e) = downcast::<E>(error) {
                                 pinned.count(Counter::Misses);
-                                return Begin::Done(Err(LoadError::Failed(e)));
+                                return Step::Done(Err(LoadError::Failed(e)));
                             }
                         }
                     }
@@ -284,20 +313,9 @@ where
                         }
                         // The value a refresh would replace (still valid), or an expired one.
                         if let Some((stale, _)) = replaced {
-                            return Begin::Done(Ok(stale));
+                            return Step::Done(Ok(stale));
                         }
-                        drop(pinned);
-                        match limiter.acquire(deadline) {
-                            Some(p) => {
-                                // The key may have changed while we waited: look again.
-                                held = Some(p);
-                                continue;
-                            }
-                            None => {
-                                self.inner.domain.pin().count(Counter::Timeouts);
-                                return Begin::Done(Err(LoadError::Timeout));
-                            }
-                        }
+                        return Step::Throttled(Arc::clone(limiter));
                     }
                 },
             };
@@ -338,7 +356,7 @@ where
             // Never hold a pin across user code that may take long: it would hold back
             // reclamation for every thread.
             drop(pinned);
-            return Begin::Lead(Lead {
+            return Step::Lead(Lead {
                 cache: self.clone(),
                 key: key.clone(),
                 hash,
@@ -346,52 +364,64 @@ where
                 flight,
                 history,
                 finished: false,
+                panicked: std::sync::atomic::AtomicBool::new(false),
                 _permit: permit,
             });
         }
     }
 
-    /// Waits on a flight led by another caller.
-    fn join<E: Send + Sync + 'static>(
+    /// What a waiter makes of a flight it waited on: `outcome` is its result, or `None` if
+    /// the waiter's deadline passed first.
+    pub(crate) fn joined<E: Send + Sync + 'static>(
         &self,
         flight: &Flight<V>,
-        deadline: Option<Instant>,
+        outcome: Option<&FlightResult<V>>,
     ) -> Joined<V, E> {
-        let count = |c| self.inner.domain.pin().count(c);
-        if flight.led_by_current_thread() {
-            return Joined::Done(Err(LoadError::Recursive));
-        }
-        count(Counter::CoalescedWaits);
-        match flight.wait(deadline) {
+        match outcome {
             Some(FlightResult::Value(v)) => Joined::Done(Ok(v.clone())),
             Some(FlightResult::Failed(e)) => match downcast::<E>(e) {
                 Some(e) => Joined::Done(Err(LoadError::Failed(e))),
                 None => Joined::Retry,
             },
             Some(FlightResult::Panicked) => Joined::Done(Err(LoadError::Panicked)),
+            // The leader was cancelled: look again, and lead the load if nobody else does.
+            Some(FlightResult::Abandoned) => Joined::Retry,
             None => {
-                count(Counter::Timeouts);
+                self.inner.domain.pin().count(Counter::Timeouts);
                 Joined::Done(flight.stale().cloned().ok_or(LoadError::Timeout))
             }
         }
     }
 
     /// Runs the loader as the flight's leader and finishes the flight on every path out.
-    fn run_lead<E, F>(mut lead: Lead<K, V, S>, loader: F) -> Result<V, LoadError<E>>
+    fn run_lead<E, F>(lead: Lead<K, V, S>, loader: F) -> Result<V, LoadError<E>>
     where
         F: FnOnce(&K) -> Result<V, E>,
         E: Send + Sync + 'static,
     {
-        let cache = lead.cache.clone();
         lead.flight.set_leader_here();
         // Measured with the cache's clock, so a manual clock drives XFetch's delta in tests.
-        let started = cache.now();
+        let started = lead.cache.now();
         let result = loader(&lead.key);
+        Self::conclude(lead, started, result)
+    }
+
+    /// Publishes a finished load's result (started at `started`) and completes the flight.
+    pub(crate) fn conclude<E>(
+        mut lead: Lead<K, V, S>,
+        started: u64,
+        result: Result<V, E>,
+    ) -> Result<V, LoadError<E>>
+    where
+        E: Send + Sync + 'static,
+    {
+        let cache = lead.cache.clone();
         let finished = cache.now();
         let (previous_delta, _) = lead.history;
         match result {
             Ok(value) => {
-                let delta = crate::refresh::next_delta(previous_delta, finished - started);
+                let delta =
+                    crate::refresh::next_delta(previous_delta, finished.saturating_sub(started));
                 let expires_at = cache.default_expiry();
                 lead.replace_loading(|| cache.ready_entry(value.clone(), expires_at, delta, 0));
                 lead.finish(FlightResult::Value(value.clone()));
@@ -425,6 +455,24 @@ where
     }
 }
 
+/// One look at the key ([`Cache::step`]).
+pub(crate) enum Step<K, V, S, E>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+    S: BuildHasher,
+{
+    /// Answered: a hit, a cached error, or a throttled caller served a stale value.
+    Done(Result<V, LoadError<E>>),
+    /// This caller leads a load.
+    Lead(Lead<K, V, S>),
+    /// Another caller's load is in progress: wait on its flight, then look again if told to.
+    Wait(Arc<Flight<V>>),
+    /// No load permit is free and there is no value to serve: wait for a permit, then look
+    /// again.
+    Throttled(Arc<crate::pacing::Limiter>),
+}
+
 /// Where the miss path stands before the loader runs.
 enum Begin<K, V, S, E>
 where
@@ -439,21 +487,24 @@ where
 /// The leader's obligations for one flight; its drop finishes the flight if the loader
 /// unwound (or, for a refresh handed to a spawner, if the job was dropped unrun). It owns
 /// what it needs, so that a refresh can move it into a job.
-struct Lead<K, V, S>
+pub(crate) struct Lead<K, V, S>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
     S: BuildHasher,
 {
-    cache: Cache<K, V, S>,
-    key: K,
+    pub(crate) cache: Cache<K, V, S>,
+    pub(crate) key: K,
     hash: u64,
     /// The version of our `Loading` entry.
     version: u64,
-    flight: Arc<Flight<V>>,
+    pub(crate) flight: Arc<Flight<V>>,
     /// The replaced entry's load-time estimate and failed-refresh count.
     history: (u64, u32),
     finished: bool,
+    /// Set when a loader future panicked inside a poll (its state is dropped only later, when
+    /// the thread is no longer unwinding).
+    pub(crate) panicked: std::sync::atomic::AtomicBool,
     /// Released after the flight is finished (fields drop after `Drop::drop`).
     _permit: Option<Permit>,
 }
@@ -535,15 +586,29 @@ where
         if self.finished {
             return;
         }
-        // The loader (or a clone of its value) unwound, or a refresh job was dropped unrun.
-        // A refresh keeps its still-valid value (retried after a backoff); otherwise the
-        // entry is removed and waiters get `Panicked`. This runs only our own code and the
-        // key's `Eq`; a panic continues once it returns.
-        self.cache.inner.domain.pin().count(Counter::LoadPanics);
+        // The loader (or a clone of its value) unwound; or the load was cancelled: a loader
+        // future dropped before it finished, or a refresh job dropped unrun. A refresh keeps
+        // its still-valid value (retried after a backoff); otherwise the entry is removed and
+        // waiters get `Panicked`, or, after a cancellation, look at the key again (one of them
+        // leads a new load). This runs only our own code and the key's `Eq`; a panic
+        // continues once it returns.
+        // Relaxed: set and read on the thread that polls the leader, or handed over with it.
+        let panicked =
+            self.panicked.load(std::sync::atomic::Ordering::Relaxed) || std::thread::panicking();
+        let counter = if panicked {
+            Counter::LoadPanics
+        } else {
+            Counter::LoadsCancelled
+        };
+        self.cache.inner.domain.pin().count(counter);
         let now = self.cache.now();
         if self.restore_stale(now).is_none() {
             self.remove_loading();
-            self.finish(FlightResult::Panicked);
+            self.finish(if panicked {
+                FlightResult::Panicked
+            } else {
+                FlightResult::Abandoned
+            });
         }
     }
 }

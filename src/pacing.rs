@@ -1,18 +1,21 @@
 //! Admission control for loads: a cache-wide count of permits, one per load in flight.
 //!
 //! Taking a permit is a CAS on the count; only a caller that finds none blocks, on a condition
-//! variable (the miss path may wait, the hit path never comes here). A permit is released by
-//! dropping it, so a panicking loader releases its permit too.
+//! variable (the miss path may wait, the hit path never comes here), or, for a future,
+//! leaves its waker in the list under the same lock. A permit is released by dropping it, so
+//! a panicking loader releases its permit too.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 /// The permits of one cache.
 #[derive(Debug)]
 pub(crate) struct Limiter {
     available: AtomicUsize,
-    lock: Mutex<()>,
+    /// The futures waiting for a permit (all woken at each release; each then retries).
+    lock: Mutex<Vec<Waker>>,
     freed: Condvar,
 }
 
@@ -29,9 +32,14 @@ impl Drop for Permit {
         // which synchronises through the table, but a permit should behave like a lock).
         self.limiter.available.fetch_add(1, Ordering::Release);
         // Taking the lock orders this release before a waiter's check-then-wait: the waiter
-        // either sees the permit in its check under the lock or is waiting for this notify.
-        drop(self.limiter.lock.lock().unwrap_or_else(|e| e.into_inner()));
+        // either sees the permit in its check under the lock or is waiting for this notify
+        // (or has left its waker for this release to take).
+        let tasks =
+            std::mem::take(&mut *self.limiter.lock.lock().unwrap_or_else(|e| e.into_inner()));
         self.limiter.freed.notify_one();
+        for w in tasks {
+            w.wake();
+        }
     }
 }
 
@@ -39,7 +47,7 @@ impl Limiter {
     pub(crate) fn new(permits: usize) -> Self {
         Limiter {
             available: AtomicUsize::new(permits),
-            lock: Mutex::new(()),
+            lock: Mutex::new(Vec::new()),
             freed: Condvar::new(),
         }
     }
@@ -66,6 +74,21 @@ impl Limiter {
                 Err(current) => n = current,
             }
         }
+    }
+
+    /// A permit if one is free; otherwise `cx`'s waker is kept until the next release.
+    pub(crate) fn poll_acquire(self: &Arc<Self>, cx: &mut Context<'_>) -> Poll<Permit> {
+        if let Some(p) = self.try_acquire() {
+            return Poll::Ready(p);
+        }
+        let mut tasks = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = self.try_acquire() {
+            return Poll::Ready(p);
+        }
+        if !tasks.iter().any(|w| w.will_wake(cx.waker())) {
+            tasks.push(cx.waker().clone());
+        }
+        Poll::Pending
     }
 
     /// A permit, waiting until `deadline` (forever if `None`) for one to be freed.

@@ -37,9 +37,10 @@ pub(crate) enum Counter {
     Refreshes,
     RefreshFailures,
     Throttled,
+    LoadsCancelled,
 }
 
-const COUNTERS: usize = Counter::Throttled as usize + 1;
+const COUNTERS: usize = Counter::LoadsCancelled as usize + 1;
 
 /// A snapshot of a cache's counters, from [`Cache::stats`](crate::Cache::stats).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -77,6 +78,9 @@ pub struct Stats {
     /// Loads held back by `max_concurrent_loads`: the caller served a stale value, skipped a
     /// refresh, waited for a permit, or timed out waiting.
     pub throttled: u64,
+    /// Loads whose leader was dropped before the load finished (a cancelled future, or a
+    /// refresh job its spawner dropped unrun); their waiters looked at the key again.
+    pub loads_cancelled: u64,
 }
 
 impl Stats {
@@ -229,6 +233,7 @@ impl CounterRegistry {
             coalesced_waits: get(Counter::CoalescedWaits),
             load_errors: get(Counter::LoadErrors),
             load_panics: get(Counter::LoadPanics),
+            loads_cancelled: get(Counter::LoadsCancelled),
             timeouts: get(Counter::Timeouts),
             refreshes: get(Counter::Refreshes),
             refresh_failures: get(Counter::RefreshFailures),

@@ -11,6 +11,12 @@ pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize
 #[cfg(not(herdcache_loom))]
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
+#[cfg(herdcache_loom)]
+pub(crate) use loom::sync::Mutex;
+
+#[cfg(not(herdcache_loom))]
+pub(crate) use std::sync::Mutex;
+
 /// Spin-wait helper for the rare places that wait on another thread's bounded work.
 pub(crate) use crossbeam_utils::Backoff;
 

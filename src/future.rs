@@ -1,0 +1,265 @@
+//! The miss path for futures: the same single flight as the threads' path, with wakers
+//! instead of parked threads.
+//!
+//! A future takes the same steps as a thread ([`Cache::step`]): it reads the key, and either
+//! has its answer, leads the load, waits on another caller's flight (registered with its
+//! waker, see `flight.rs`), or waits for a load permit. Threads and futures meet on one
+//! flight per key, so sync and async callers of a key share one load.
+//!
+//! # Cancellation
+//! Dropping a waiting future deregisters it; the load goes on for the others. Dropping the
+//! future that leads a load drops the load with it (a future cannot run without its owner),
+//! and the flight completes as abandoned: nothing is cached, and every waiter, thread or
+//! future, looks at the key again, so the first of them to do so leads a new load. If no
+//! caller is left, nothing more happens until the next read of the key starts a fresh load.
+
+use std::future::Future;
+use std::hash::{BuildHasher, Hash};
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use crate::cache::Cache;
+use crate::flight::{Flight, FlightResult, Subscription};
+use crate::load::{Joined, LoadError, Step};
+use crate::pacing::{Limiter, Permit};
+use crate::stats::Counter;
+
+impl<K, V, S> Cache<K, V, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+    S: BuildHasher,
+{
+    /// The value for `key`; on a miss, loads it by awaiting `loader`'s future exactly once
+    /// however many callers, futures or threads, miss together.
+    ///
+    /// The future that finds the key missing first runs the load inline; every other caller
+    /// for the key waits (a future without blocking its executor thread, a thread parked)
+    /// and receives the same value or the same error. The contract is that of
+    /// [`get_or_load`](Self::get_or_load): the value is cached before any waiter wakes, a
+    /// loader that panics gives every waiter [`LoadError::Panicked`], and early refresh
+    /// (XFetch, soft TTL) runs inline in the future that wins it.
+    ///
+    /// Cancellation: dropping this future while it waits leaves the load running for the
+    /// others. Dropping it while it leads the load (its loader future is running) cancels the
+    /// load: nothing is cached, and the callers waiting on it look at the key again, so one of
+    /// them leads a new load. The next caller starts a fresh load if none is waiting.
+    ///
+    /// This future is runtime-agnostic: it needs no executor features. A loader future that
+    /// awaits this cache for its own key waits for itself forever.
+    ///
+    /// ```
+    /// # fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    /// #     use std::task::{Context, Poll, Waker};
+    /// #     let mut f = std::pin::pin!(f);
+    /// #     let mut cx = Context::from_waker(Waker::noop());
+    /// #     loop { if let Poll::Ready(v) = f.as_mut().poll(&mut cx) { return v; } }
+    /// # }
+    /// let cache = herdcache::Cache::builder().max_capacity(100).build()?;
+    /// let v = block_on(cache.get_or_load_async(&7u32, |k| {
+    ///     let k = *k;
+    ///     async move { Ok::<_, std::io::Error>(k * 2) }
+    /// }));
+    /// assert_eq!(v.unwrap(), 14);
+    /// assert_eq!(cache.get(&7), Some(14));
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    pub async fn get_or_load_async<E, F, Fut>(&self, key: &K, loader: F) -> Result<V, LoadError<E>>
+    where
+        F: FnOnce(&K) -> Fut,
+        Fut: Future<Output = Result<V, E>>,
+        E: Send + Sync + 'static,
+    {
+        self.load_async(key, None::<std::future::Pending<()>>, loader)
+            .await
+    }
+
+    /// Like [`get_or_load_async`](Self::get_or_load_async), but a caller that has to wait for
+    /// another caller's load (or for a load permit) gives up when `deadline` completes: pass
+    /// your runtime's timer, e.g. `tokio::time::sleep(Duration::from_millis(50))`.
+    ///
+    /// When the deadline comes first it returns the expired value the load is replacing if one
+    /// was kept, else [`LoadError::Timeout`]; the load carries on for the others. A caller that
+    /// leads the load runs it to completion (the deadline bounds waiting, not loading). The
+    /// deadline future is polled only while the caller waits.
+    pub async fn get_or_load_async_until<E, F, Fut, D>(
+        &self,
+        key: &K,
+        deadline: D,
+        loader: F,
+    ) -> Result<V, LoadError<E>>
+    where
+        F: FnOnce(&K) -> Fut,
+        Fut: Future<Output = Result<V, E>>,
+        E: Send + Sync + 'static,
+        D: Future<Output = ()>,
+    {
+        self.load_async(key, Some(deadline), loader).await
+    }
+
+    async fn load_async<E, F, Fut, D>(
+        &self,
+        key: &K,
+        deadline: Option<D>,
+        loader: F,
+    ) -> Result<V, LoadError<E>>
+    where
+        F: FnOnce(&K) -> Fut,
+        Fut: Future<Output = Result<V, E>>,
+        E: Send + Sync + 'static,
+        D: Future<Output = ()>,
+    {
+        let hash = self.inner.hasher.hash_one(key);
+        let mut deadline = pin!(deadline);
+        let mut held = None;
+        loop {
+            match self.step::<E>(key, hash, &mut held) {
+                Step::Done(r) => return r,
+                Step::Lead(lead) => {
+                    // No thread runs the loader: the future may move between threads.
+                    lead.flight.clear_leader();
+                    let started = lead.cache.now();
+                    let result = {
+                        let load = pin!(loader(&lead.key));
+                        CatchPanic {
+                            load,
+                            panicked: &lead.panicked,
+                        }
+                        .await
+                    };
+                    return Self::conclude(lead, started, result);
+                }
+                Step::Wait(flight) => {
+                    self.inner.domain.pin().count(Counter::CoalescedWaits);
+                    let waiting = Waiting {
+                        flight: &flight,
+                        sub: None,
+                        subscribed: false,
+                        deadline: deadline.as_mut(),
+                    };
+                    let outcome = waiting.await;
+                    match self.joined(&flight, outcome) {
+                        Joined::Done(r) => return r,
+                        Joined::Retry => continue,
+                    }
+                }
+                Step::Throttled(limiter) => {
+                    let acquiring = Acquiring {
+                        limiter: &limiter,
+                        deadline: deadline.as_mut(),
+                    };
+                    match acquiring.await {
+                        // The key may have changed while we waited: look again.
+                        Some(p) => held = Some(p),
+                        None => {
+                            self.inner.domain.pin().count(Counter::Timeouts);
+                            return Err(LoadError::Timeout);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Polls `deadline` if there is one: whether it has passed.
+fn deadline_passed<D: Future<Output = ()>>(
+    deadline: &mut Pin<&mut Option<D>>,
+    cx: &mut Context<'_>,
+) -> bool {
+    match deadline.as_mut().as_pin_mut() {
+        Some(d) => d.poll(cx).is_ready(),
+        None => false,
+    }
+}
+
+/// Waits on another caller's flight until its result, or until the deadline (`None`).
+struct Waiting<'a, V, D> {
+    flight: &'a Flight<V>,
+    sub: Option<Subscription>,
+    subscribed: bool,
+    deadline: Pin<&'a mut Option<D>>,
+}
+
+impl<'a, V, D: Future<Output = ()>> Future for Waiting<'a, V, D> {
+    type Output = Option<&'a FlightResult<V>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let flight = this.flight;
+        if !this.subscribed {
+            this.subscribed = true;
+            this.sub = flight.subscribe();
+        }
+        let Some(sub) = &this.sub else {
+            return Poll::Ready(flight.result()); // complete before we could subscribe
+        };
+        if let Poll::Ready(r) = flight.poll_result(sub, cx) {
+            this.sub = None;
+            return Poll::Ready(Some(r));
+        }
+        if deadline_passed(&mut this.deadline, cx) {
+            flight.unsubscribe(sub);
+            this.sub = None;
+            // A completion that raced the deadline still counts.
+            return Poll::Ready(flight.result());
+        }
+        Poll::Pending
+    }
+}
+
+impl<V, D> Drop for Waiting<'_, V, D> {
+    fn drop(&mut self) {
+        if let Some(sub) = &self.sub {
+            self.flight.unsubscribe(sub);
+        }
+    }
+}
+
+/// Waits for a load permit until the deadline (`None`).
+struct Acquiring<'a, D> {
+    limiter: &'a Arc<Limiter>,
+    deadline: Pin<&'a mut Option<D>>,
+}
+
+impl<D: Future<Output = ()>> Future for Acquiring<'_, D> {
+    type Output = Option<Permit>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if let Poll::Ready(p) = this.limiter.poll_acquire(cx) {
+            return Poll::Ready(Some(p));
+        }
+        if deadline_passed(&mut this.deadline, cx) {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
+    }
+}
+
+/// Runs a loader future, recording a panic that unwinds out of its poll: the leader's state
+/// is dropped only later (when the task is dropped), when the thread no longer unwinds.
+struct CatchPanic<'a, F> {
+    load: Pin<&'a mut F>,
+    panicked: &'a AtomicBool,
+}
+
+impl<F: Future> Future for CatchPanic<'_, F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        struct OnUnwind<'b>(&'b AtomicBool);
+        impl Drop for OnUnwind<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    self.0.store(true, Ordering::Relaxed);
+                }
+            }
+        }
+        let this = self.get_mut();
+        let _flag = OnUnwind(this.panicked);
+        this.load.as_mut().poll(cx)
+    }
+}

@@ -1,0 +1,253 @@
+//! The futures' miss path under tokio: one load for many tasks, a cancelled leader hands the
+//! load on, deadlines, panics, permits, and threads and tasks sharing one load.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use herdcache::{Cache, LoadError, ManualClock};
+use tokio::sync::Notify;
+
+/// Waits (yielding) until `cond` holds: lets a test order its tasks without sleeping.
+async fn until(cond: impl Fn() -> bool) {
+    while !cond() {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_tasks_missing_one_key_cause_one_load() {
+    let cache: Cache<u32, u64> = Cache::builder().max_capacity(10).build().unwrap();
+    let loads = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(Notify::new());
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let (cache, loads, gate) = (cache.clone(), loads.clone(), gate.clone());
+            tokio::spawn(async move {
+                cache
+                    .get_or_load_async(&1, |_| async move {
+                        loads.fetch_add(1, Ordering::SeqCst);
+                        gate.notified().await;
+                        Ok::<_, ()>(42)
+                    })
+                    .await
+            })
+        })
+        .collect();
+    until(|| loads.load(Ordering::SeqCst) == 1 && cache.stats().coalesced_waits == 63).await;
+    gate.notify_one();
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), Ok(42));
+    }
+    assert_eq!(loads.load(Ordering::SeqCst), 1);
+    assert_eq!(cache.get(&1), Some(42));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aborting_the_leader_hands_the_load_to_a_waiter() {
+    let cache: Cache<u32, u64> = Cache::builder().max_capacity(10).build().unwrap();
+    let started = Arc::new(Notify::new());
+    let leader = {
+        let (cache, started) = (cache.clone(), started.clone());
+        tokio::spawn(async move {
+            cache
+                .get_or_load_async(&1, |_| async move {
+                    started.notify_one();
+                    std::future::pending::<()>().await;
+                    Ok::<_, ()>(1)
+                })
+                .await
+        })
+    };
+    started.notified().await;
+    let waiter = {
+        let cache = cache.clone();
+        tokio::spawn(async move {
+            cache
+                .get_or_load_async(&1, |_| async { Ok::<_, ()>(2) })
+                .await
+        })
+    };
+    until(|| cache.stats().coalesced_waits == 1).await;
+    leader.abort();
+    assert!(leader.await.unwrap_err().is_cancelled());
+    assert_eq!(waiter.await.unwrap(), Ok(2), "the waiter led a new load");
+    let stats = cache.stats();
+    assert_eq!((stats.loads, stats.loads_cancelled), (2, 1));
+    assert_eq!(cache.get(&1), Some(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timed_out_waiter_leaves_and_the_load_completes_for_the_others() {
+    let cache: Cache<u32, u64> = Cache::builder().max_capacity(10).build().unwrap();
+    let gate = Arc::new(Notify::new());
+    let leader = {
+        let (cache, gate) = (cache.clone(), gate.clone());
+        tokio::spawn(async move {
+            cache
+                .get_or_load_async(&1, |_| async move {
+                    gate.notified().await;
+                    Ok::<_, ()>(7)
+                })
+                .await
+        })
+    };
+    until(|| cache.stats().loads == 1).await;
+    let waited = tokio::time::timeout(
+        Duration::from_millis(10),
+        cache.get_or_load_async(&1, |_| async { Ok::<_, ()>(0) }),
+    )
+    .await;
+    assert!(waited.is_err(), "tokio's timeout fired first");
+    let until_deadline = cache
+        .get_or_load_async_until(
+            &1,
+            tokio::time::sleep(Duration::from_millis(10)),
+            |_| async { Ok::<_, ()>(0) },
+        )
+        .await;
+    assert_eq!(until_deadline, Err(LoadError::Timeout));
+    gate.notify_one();
+    assert_eq!(leader.await.unwrap(), Ok(7));
+    assert_eq!(cache.get(&1), Some(7));
+    assert_eq!(cache.stats().loads, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_past_its_deadline_gets_the_expired_value() {
+    let clock = ManualClock::new();
+    let cache: Cache<u32, u64> = Cache::builder()
+        .max_capacity(10)
+        .time_to_live(Duration::from_secs(1))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    cache.insert(1, 10);
+    clock.advance(Duration::from_secs(2));
+    let gate = Arc::new(Notify::new());
+    let leader = {
+        let (cache, gate) = (cache.clone(), gate.clone());
+        tokio::spawn(async move {
+            cache
+                .get_or_load_async(&1, |_| async move {
+                    gate.notified().await;
+                    Ok::<_, ()>(11)
+                })
+                .await
+        })
+    };
+    until(|| cache.stats().loads == 1).await;
+    let stale = cache
+        .get_or_load_async_until(
+            &1,
+            tokio::time::sleep(Duration::from_millis(5)),
+            |_| async { Ok::<_, ()>(0) },
+        )
+        .await;
+    assert_eq!(stale, Ok(10));
+    gate.notify_one();
+    assert_eq!(leader.await.unwrap(), Ok(11));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_loader_future_gives_waiters_panicked() {
+    let cache: Cache<u32, u64> = Cache::builder().max_capacity(10).build().unwrap();
+    let gate = Arc::new(Notify::new());
+    let leader = {
+        let (cache, gate) = (cache.clone(), gate.clone());
+        tokio::spawn(async move {
+            cache
+                .get_or_load_async(&1, |_| async move {
+                    gate.notified().await;
+                    if true {
+                        panic!("loader failed hard");
+                    }
+                    Ok::<_, ()>(1)
+                })
+                .await
+        })
+    };
+    until(|| cache.stats().loads == 1).await;
+    let waiter = {
+        let cache = cache.clone();
+        tokio::spawn(async move {
+            cache
+                .get_or_load_async(&1, |_| async { Ok::<_, ()>(2) })
+                .await
+        })
+    };
+    until(|| cache.stats().coalesced_waits == 1).await;
+    gate.notify_one();
+    assert!(leader.await.unwrap_err().is_panic());
+    assert_eq!(waiter.await.unwrap(), Err(LoadError::Panicked));
+    assert_eq!(cache.stats().load_panics, 1);
+    // Nothing is stuck: the next caller loads afresh.
+    let next = cache
+        .get_or_load_async(&1, |_| async { Ok::<_, ()>(3) })
+        .await;
+    assert_eq!(next, Ok(3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thread_and_a_task_share_one_load() {
+    let cache: Cache<u32, u64> = Cache::builder().max_capacity(10).build().unwrap();
+    let gate = Arc::new(Notify::new());
+    let task = {
+        let (cache, gate) = (cache.clone(), gate.clone());
+        tokio::spawn(async move {
+            cache
+                .get_or_load_async(&1, |_| async move {
+                    gate.notified().await;
+                    Ok::<_, ()>(9)
+                })
+                .await
+        })
+    };
+    until(|| cache.stats().loads == 1).await;
+    let c = cache.clone();
+    let thread = std::thread::spawn(move || c.get_or_load(&1, |_| Ok::<_, ()>(0)));
+    until(|| cache.stats().coalesced_waits == 1).await;
+    gate.notify_one();
+    assert_eq!(task.await.unwrap(), Ok(9));
+    assert_eq!(thread.join().unwrap(), Ok(9));
+    assert_eq!(cache.stats().loads, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_without_a_permit_waits_for_one() {
+    let cache: Cache<u32, u64> = Cache::builder()
+        .max_capacity(10)
+        .max_concurrent_loads(1)
+        .build()
+        .unwrap();
+    let gate = Arc::new(Notify::new());
+    let first = {
+        let (cache, gate) = (cache.clone(), gate.clone());
+        tokio::spawn(async move {
+            cache
+                .get_or_load_async(&1, |_| async move {
+                    gate.notified().await;
+                    Ok::<_, ()>(1)
+                })
+                .await
+        })
+    };
+    until(|| cache.stats().loads == 1).await;
+    let second = {
+        let cache = cache.clone();
+        tokio::spawn(async move {
+            cache
+                .get_or_load_async(&2, |_| async { Ok::<_, ()>(2) })
+                .await
+        })
+    };
+    until(|| cache.stats().throttled == 1).await;
+    assert_eq!(
+        cache.stats().loads,
+        1,
+        "the second load waits for the permit"
+    );
+    gate.notify_one();
+    assert_eq!(first.await.unwrap(), Ok(1));
+    assert_eq!(second.await.unwrap(), Ok(2));
+}
