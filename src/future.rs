@@ -135,8 +135,7 @@ where
                     self.inner.domain.pin().count(Counter::CoalescedWaits);
                     let waiting = Waiting {
                         flight: &flight,
-                        sub: None,
-                        subscribed: false,
+                        sub: flight.subscribe(),
                         deadline: deadline.as_mut(),
                     };
                     let outcome = waiting.await;
@@ -178,8 +177,9 @@ fn deadline_passed<D: Future<Output = ()>>(
 /// Waits on another caller's flight until its result, or until the deadline (`None`).
 struct Waiting<'a, V, D> {
     flight: &'a Flight<V>,
+    /// Our place among the waiters; `None` once the result is ours (or was available when we
+    /// subscribed) or we left.
     sub: Option<Subscription>,
-    subscribed: bool,
     deadline: Pin<&'a mut Option<D>>,
 }
 
@@ -189,10 +189,6 @@ impl<'a, V, D: Future<Output = ()>> Future for Waiting<'a, V, D> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         let flight = this.flight;
-        if !this.subscribed {
-            this.subscribed = true;
-            this.sub = flight.subscribe();
-        }
         let Some(sub) = &this.sub else {
             return Poll::Ready(flight.result()); // complete before we could subscribe
         };

@@ -12,6 +12,7 @@ use std::any::Any;
 use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
+use std::sync::atomic::{self, AtomicBool};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -364,7 +365,7 @@ where
                 flight,
                 history,
                 finished: false,
-                panicked: std::sync::atomic::AtomicBool::new(false),
+                panicked: AtomicBool::new(false),
                 _permit: permit,
             });
         }
@@ -504,7 +505,7 @@ where
     finished: bool,
     /// Set when a loader future panicked inside a poll (its state is dropped only later, when
     /// the thread is no longer unwinding).
-    pub(crate) panicked: std::sync::atomic::AtomicBool,
+    pub(crate) panicked: AtomicBool,
     /// Released after the flight is finished (fields drop after `Drop::drop`).
     _permit: Option<Permit>,
 }
@@ -593,8 +594,7 @@ where
         // leads a new load). This runs only our own code and the key's `Eq`; a panic
         // continues once it returns.
         // Relaxed: set and read on the thread that polls the leader, or handed over with it.
-        let panicked =
-            self.panicked.load(std::sync::atomic::Ordering::Relaxed) || std::thread::panicking();
+        let panicked = self.panicked.load(atomic::Ordering::Relaxed) || std::thread::panicking();
         let counter = if panicked {
             Counter::LoadPanics
         } else {

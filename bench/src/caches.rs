@@ -32,30 +32,42 @@ pub trait BenchCache: Send + Sync + Sized + 'static {
     /// cheaper batched read (one epoch pin for the batch) override this.
     #[inline]
     fn read_batch(&self, keys: &[u64]) -> u64 {
-        keys.iter().filter(|&&k| self.get(k).is_some()).count() as u64
+        read_each(self, keys)
     }
 }
 
-/// herdcache's `Cache::get`: one epoch pin per read.
-pub struct Herdcache(pub herdcache::Cache<u64, u64, Hasher>);
-
-/// herdcache read through `Cache::pin`, one pin per batch of reads (`CacheGuard::get`).
-pub struct HerdcachePinned(pub herdcache::Cache<u64, u64, Hasher>);
-
-fn herdcache_with_capacity(capacity: usize) -> herdcache::Cache<u64, u64, Hasher> {
-    herdcache::Cache::builder()
-        .max_capacity(capacity as u64)
-        .initial_capacity(capacity)
-        .hasher(Hasher::default())
-        .build()
-        .expect("valid settings")
+/// Reads `keys` one `get` at a time: how many were found.
+#[inline]
+pub fn read_each<C: BenchCache>(cache: &C, keys: &[u64]) -> u64 {
+    keys.iter().filter(|&&k| cache.get(k).is_some()).count() as u64
 }
 
-impl BenchCache for Herdcache {
-    const NAME: &'static str = "herdcache";
+/// herdcache. `PIN_BATCH = false`: every read is a `Cache::get`, one epoch pin each;
+/// `true`: a batch of reads goes through one `Cache::pin` (`CacheGuard::get`).
+pub struct HerdcacheReads<const PIN_BATCH: bool>(pub herdcache::Cache<u64, u64, Hasher>);
+
+/// herdcache's `Cache::get`: one epoch pin per read.
+pub type Herdcache = HerdcacheReads<false>;
+
+/// herdcache read through `Cache::pin`, one pin per batch of reads.
+pub type HerdcachePinned = HerdcacheReads<true>;
+
+impl<const PIN_BATCH: bool> BenchCache for HerdcacheReads<PIN_BATCH> {
+    const NAME: &'static str = if PIN_BATCH {
+        "herdcache (pin per batch)"
+    } else {
+        "herdcache"
+    };
     const BOUNDED: bool = true;
     fn with_capacity(capacity: usize) -> Self {
-        Herdcache(herdcache_with_capacity(capacity))
+        HerdcacheReads(
+            herdcache::Cache::builder()
+                .max_capacity(capacity as u64)
+                .initial_capacity(capacity)
+                .hasher(Hasher::default())
+                .build()
+                .expect("valid settings"),
+        )
     }
     #[inline]
     fn get(&self, key: u64) -> Option<u64> {
@@ -65,24 +77,11 @@ impl BenchCache for Herdcache {
     fn insert(&self, key: u64, value: u64) {
         self.0.insert(key, value)
     }
-}
-
-impl BenchCache for HerdcachePinned {
-    const NAME: &'static str = "herdcache (pin per batch)";
-    const BOUNDED: bool = true;
-    fn with_capacity(capacity: usize) -> Self {
-        HerdcachePinned(herdcache_with_capacity(capacity))
-    }
-    #[inline]
-    fn get(&self, key: u64) -> Option<u64> {
-        self.0.pin().get(&key).copied()
-    }
-    #[inline]
-    fn insert(&self, key: u64, value: u64) {
-        self.0.insert(key, value)
-    }
     #[inline]
     fn read_batch(&self, keys: &[u64]) -> u64 {
+        if !PIN_BATCH {
+            return read_each(self, keys);
+        }
         let guard = self.0.pin();
         keys.iter().filter(|k| guard.get(*k).is_some()).count() as u64
     }
@@ -222,40 +221,30 @@ impl BenchCache for DashMap {
     }
 }
 
-/// `papaya::HashMap`: a lock-free map with no cache features, unbounded; one pin per read.
-pub struct Papaya(pub papaya::HashMap<u64, u64, Hasher>);
+/// `papaya::HashMap`, a lock-free map with no cache features, unbounded. `PIN_BATCH = false`:
+/// one `pin()` per read; `true`: one `pin()` per batch of reads.
+pub struct PapayaReads<const PIN_BATCH: bool>(pub papaya::HashMap<u64, u64, Hasher>);
 
-/// papaya read with one pin per batch of reads.
-pub struct PapayaPinned(pub papaya::HashMap<u64, u64, Hasher>);
+/// papaya with one pin per read.
+pub type Papaya = PapayaReads<false>;
 
-fn papaya_with_capacity(capacity: usize) -> papaya::HashMap<u64, u64, Hasher> {
-    papaya::HashMap::builder()
-        .capacity(capacity)
-        .hasher(Hasher::default())
-        .build()
-}
+/// papaya with one pin per batch of reads.
+pub type PapayaPinned = PapayaReads<true>;
 
-impl BenchCache for Papaya {
-    const NAME: &'static str = "papaya";
+impl<const PIN_BATCH: bool> BenchCache for PapayaReads<PIN_BATCH> {
+    const NAME: &'static str = if PIN_BATCH {
+        "papaya (pin per batch)"
+    } else {
+        "papaya"
+    };
     const BOUNDED: bool = false;
     fn with_capacity(capacity: usize) -> Self {
-        Papaya(papaya_with_capacity(capacity))
-    }
-    #[inline]
-    fn get(&self, key: u64) -> Option<u64> {
-        self.0.pin().get(&key).copied()
-    }
-    #[inline]
-    fn insert(&self, key: u64, value: u64) {
-        self.0.pin().insert(key, value);
-    }
-}
-
-impl BenchCache for PapayaPinned {
-    const NAME: &'static str = "papaya (pin per batch)";
-    const BOUNDED: bool = false;
-    fn with_capacity(capacity: usize) -> Self {
-        PapayaPinned(papaya_with_capacity(capacity))
+        PapayaReads(
+            papaya::HashMap::builder()
+                .capacity(capacity)
+                .hasher(Hasher::default())
+                .build(),
+        )
     }
     #[inline]
     fn get(&self, key: u64) -> Option<u64> {
@@ -267,6 +256,9 @@ impl BenchCache for PapayaPinned {
     }
     #[inline]
     fn read_batch(&self, keys: &[u64]) -> u64 {
+        if !PIN_BATCH {
+            return read_each(self, keys);
+        }
         let guard = self.0.pin();
         keys.iter().filter(|k| guard.get(*k).is_some()).count() as u64
     }

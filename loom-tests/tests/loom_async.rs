@@ -3,31 +3,17 @@
 //! future and a thread waiting on one flight.
 #![cfg(herdcache_loom)]
 
-use std::collections::hash_map::DefaultHasher;
+mod common;
+
 use std::future::Future;
-use std::hash::BuildHasherDefault;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
-use herdcache::Cache;
 use loom::thread;
 
-type Fixed = BuildHasherDefault<DefaultHasher>;
-type C = Cache<u64, u64, Fixed>;
+use common::{cache, model, Fixed};
 
-fn cache() -> C {
-    Cache::builder()
-        .max_capacity(8)
-        .hasher(Fixed::default())
-        .build()
-        .unwrap()
-}
-
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    let mut builder = loom::model::Builder::new();
-    builder.max_branches = 100_000;
-    builder.check(f);
-}
+type C = herdcache::Cache<u64, u64, Fixed>;
 
 /// A loader future that is pending on its first poll and never woken: the load it stands for
 /// only ends when its future is dropped.
@@ -50,7 +36,7 @@ fn poll_once<F: Future>(f: std::pin::Pin<&mut F>) -> Poll<F::Output> {
 #[test]
 fn a_cancelled_leading_future_strands_no_waiter() {
     model(|| {
-        let c = cache();
+        let c: C = cache();
         let c2 = c.clone();
         let waiter = thread::spawn(move || c2.get_or_load(&1, |_| Ok::<_, ()>(2)));
         {
@@ -70,7 +56,7 @@ fn a_cancelled_leading_future_strands_no_waiter() {
 #[test]
 fn a_dropped_waiting_future_races_the_completion() {
     model(|| {
-        let c = cache();
+        let c: C = cache();
         let c2 = c.clone();
         let leader = thread::spawn(move || c2.get_or_load(&1, |_| Ok::<_, ()>(1)));
         {
@@ -89,7 +75,7 @@ fn a_dropped_waiting_future_races_the_completion() {
 #[test]
 fn a_future_and_a_thread_share_one_load() {
     model(|| {
-        let c = cache();
+        let c: C = cache();
         let calls = std::sync::Arc::new(loom::sync::atomic::AtomicUsize::new(0));
         let (c2, calls2) = (c.clone(), calls.clone());
         let thread_side = thread::spawn(move || {

@@ -3,8 +3,8 @@
 //! waiter abandoning at its deadline, and a refresh racing an invalidation.
 #![cfg(herdcache_loom)]
 
-use std::collections::hash_map::DefaultHasher;
-use std::hash::BuildHasherDefault;
+mod common;
+
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +12,8 @@ use std::time::Duration;
 use herdcache::{Cache, LoadError, ManualClock};
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
+
+use common::{cache, model, Fixed};
 
 /// A value whose halves must agree: a waiter that sees a half-published value notices.
 type Pair = (u64, u64);
@@ -25,26 +27,7 @@ fn check(p: Pair) -> u64 {
     p.0
 }
 
-/// loom replays executions, which must be deterministic: a fixed hasher, not the default
-/// randomly seeded one.
-type Fixed = BuildHasherDefault<DefaultHasher>;
 type C = Cache<u64, Pair, Fixed>;
-
-fn cache() -> C {
-    Cache::builder()
-        .max_capacity(8)
-        .hasher(Fixed::default())
-        .build()
-        .unwrap()
-}
-
-/// Runs a model; cache operations are long straight-line code under loom (pins, probes,
-/// the table's teardown), so the branch limit is raised.
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    let mut builder = loom::model::Builder::new();
-    builder.max_branches = 100_000;
-    builder.check(f);
-}
 
 fn quiet_panics() {
     std::panic::set_hook(Box::new(|_| {}));
@@ -55,7 +38,7 @@ fn quiet_panics() {
 #[test]
 fn concurrent_misses_elect_one_loader() {
     model(|| {
-        let c = cache();
+        let c: C = cache();
         let calls = Arc::new(AtomicUsize::new(0));
         let spawn = |c: C, calls: Arc<AtomicUsize>| {
             thread::spawn(move || {
@@ -82,7 +65,7 @@ fn concurrent_misses_elect_one_loader() {
 fn a_panicking_leader_strands_nobody() {
     quiet_panics();
     model(|| {
-        let c = cache();
+        let c: C = cache();
         let c1 = c.clone();
         let leader = thread::spawn(move || {
             catch_unwind(AssertUnwindSafe(|| {
@@ -112,7 +95,7 @@ fn a_panicking_leader_strands_nobody() {
 #[test]
 fn an_abandoning_waiter_races_the_completion() {
     model(|| {
-        let c = cache();
+        let c: C = cache();
         let c1 = c.clone();
         let leader = thread::spawn(move || c1.get_or_load(&1, |_| Ok::<_, ()>(pair(3))));
         let r = c.get_or_load_timeout(&1, Duration::ZERO, |_| Ok::<_, ()>(pair(3)));
