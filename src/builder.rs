@@ -83,6 +83,7 @@ pub struct CacheBuilder<K, V, S = DefaultHashBuilder> {
     pub(crate) stale_if_error: bool,
     pub(crate) max_concurrent_loads: Option<usize>,
     pub(crate) refresh_spawner: Option<crate::refresh::Spawner>,
+    pub(crate) task_spawner: Option<crate::spawn::TaskSpawner>,
     pub(crate) clock: Option<Arc<dyn Clock>>,
     pub(crate) hasher: S,
     _marker: PhantomData<fn(K, V)>,
@@ -100,6 +101,7 @@ impl<K, V, S> fmt::Debug for CacheBuilder<K, V, S> {
             .field("stale_if_error", &self.stale_if_error)
             .field("max_concurrent_loads", &self.max_concurrent_loads)
             .field("refresh_spawner", &self.refresh_spawner.is_some())
+            .field("task_spawner", &self.task_spawner.is_some())
             .field("clock", &self.clock)
             .finish_non_exhaustive()
     }
@@ -124,6 +126,7 @@ impl<K, V> CacheBuilder<K, V, DefaultHashBuilder> {
             stale_if_error: false,
             max_concurrent_loads: None,
             refresh_spawner: None,
+            task_spawner: None,
             clock: None,
             hasher: DefaultHashBuilder::default(),
             _marker: PhantomData,
@@ -230,6 +233,50 @@ impl<K, V, S> CacheBuilder<K, V, S> {
         self
     }
 
+    /// Where loads led by [`get_or_load_spawned`](Cache::get_or_load_spawned) run: the
+    /// spawner receives each [`LoadTask`](crate::LoadTask) and must poll it to completion
+    /// (spawn it as a task of your runtime). A spawned load outlives the future that started
+    /// it, so cancelling that future cancels nobody's load, and an early refresh no longer
+    /// makes the caller that wins it wait. With the `tokio` feature,
+    /// `tokio_spawner` does this for a tokio runtime.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), herdcache::BuildError> {
+    /// let cache: herdcache::Cache<u64, u64> = herdcache::Cache::builder()
+    ///     .max_capacity(100)
+    ///     // Any executor: smol's would be `|task| smol::spawn(task).detach()`.
+    ///     .task_spawner(|task| drop(tokio::spawn(task)))
+    ///     .build()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn task_spawner(
+        mut self,
+        spawner: impl Fn(crate::LoadTask) + Send + Sync + 'static,
+    ) -> Self {
+        self.task_spawner = Some(crate::spawn::TaskSpawner::new(spawner));
+        self
+    }
+
+    /// Runs the loads of [`get_or_load_spawned`](Cache::get_or_load_spawned) as tasks on the
+    /// runtime behind `handle` (see [`task_spawner`](Self::task_spawner)).
+    ///
+    /// ```
+    /// let runtime = tokio::runtime::Runtime::new()?;
+    /// let cache: herdcache::Cache<u64, u64> = herdcache::Cache::builder()
+    ///     .max_capacity(100)
+    ///     .tokio_spawner(runtime.handle().clone())
+    ///     .build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[cfg(feature = "tokio")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+    pub fn tokio_spawner(mut self, handle: tokio::runtime::Handle) -> Self {
+        self.task_spawner = Some(crate::spawn::TaskSpawner::tokio(handle));
+        self
+    }
+
     /// The clock expiry is measured with (default: [`SystemClock`]). Pass a
     /// [`ManualClock`](crate::ManualClock) to test time-dependent behaviour without sleeping.
     pub fn clock(mut self, clock: impl Clock) -> Self {
@@ -250,6 +297,7 @@ impl<K, V, S> CacheBuilder<K, V, S> {
             stale_if_error: self.stale_if_error,
             max_concurrent_loads: self.max_concurrent_loads,
             refresh_spawner: self.refresh_spawner,
+            task_spawner: self.task_spawner,
             clock: self.clock,
             hasher,
             _marker: PhantomData,
@@ -268,6 +316,7 @@ pub(crate) struct Settings {
     pub(crate) negative_ttl: Option<u64>,
     pub(crate) refresh: crate::refresh::RefreshSettings,
     pub(crate) max_concurrent_loads: Option<usize>,
+    pub(crate) task_spawner: Option<crate::spawn::TaskSpawner>,
     pub(crate) clock: TimeSource,
 }
 
@@ -384,6 +433,7 @@ where
                 spawner: self.refresh_spawner.clone(),
             },
             max_concurrent_loads: self.max_concurrent_loads,
+            task_spawner: self.task_spawner.clone(),
             clock,
         })
     }

@@ -43,6 +43,8 @@ pub(crate) struct Inner<K, V, S> {
     pub(crate) negative_ttl: Option<u64>,
     pub(crate) refresh: RefreshSettings,
     pub(crate) limiter: Option<Arc<Limiter>>,
+    /// Runs the loads of `get_or_load_spawned`.
+    pub(crate) task_spawner: Option<crate::spawn::TaskSpawner>,
     versions: AtomicU64,
     // Dropped last: dropping the domain frees this thread's handle, letting the collector
     // run the destructors of the entries retired above.
@@ -103,6 +105,7 @@ where
                 limiter: settings
                     .max_concurrent_loads
                     .map(|n| Arc::new(Limiter::new(n))),
+                task_spawner: settings.task_spawner,
                 versions: AtomicU64::new(1),
                 domain: Domain::new(),
             }),

@@ -7,11 +7,19 @@
 //! flight per key, so sync and async callers of a key share one load.
 //!
 //! # Cancellation
-//! Dropping a waiting future deregisters it; the load goes on for the others. Dropping the
-//! future that leads a load drops the load with it (a future cannot run without its owner),
-//! and the flight completes as abandoned: nothing is cached, and every waiter, thread or
-//! future, looks at the key again, so the first of them to do so leads a new load. If no
-//! caller is left, nothing more happens until the next read of the key starts a fresh load.
+//! Dropping a waiting future deregisters it; the load goes on for the others. A load led
+//! inline (`get_or_load_async`) lives in its leader's future, so dropping that future drops
+//! the load with it, and the flight completes as abandoned: nothing is cached, and every
+//! waiter, thread or future, looks at the key again, so the first of them to do so leads a
+//! new load. If no caller is left, nothing more happens until the next read of the key starts
+//! a fresh load.
+//!
+//! A load handed to the task spawner (`get_or_load_spawned`, see `spawn.rs`) is owned by its
+//! task, not by a caller: the caller that started it waits on its flight like everyone else,
+//! so dropping any caller's future leaves the load running, and it is cached even if every
+//! caller is gone. Only dropping the task itself (a runtime shutting down) cancels it, with
+//! the same abandoned flight as above; the caller that handed it over gets
+//! `LoadError::Cancelled`, since its loader went with the task.
 
 use std::future::Future;
 use std::hash::{BuildHasher, Hash};
@@ -22,7 +30,7 @@ use std::task::{Context, Poll};
 
 use crate::cache::Cache;
 use crate::flight::{Flight, FlightResult, Subscription};
-use crate::load::{Joined, LoadError, Step};
+use crate::load::{Joined, Lead, LoadError, Step};
 use crate::pacing::{Limiter, Permit};
 use crate::stats::Counter;
 
@@ -72,8 +80,13 @@ where
         Fut: Future<Output = Result<V, E>>,
         E: Send + Sync + 'static,
     {
-        self.load_async(key, None::<std::future::Pending<()>>, loader)
-            .await
+        self.load_async(
+            key,
+            None::<std::future::Pending<()>>,
+            loader,
+            Handoff::Inline,
+        )
+        .await
     }
 
     /// Like [`get_or_load_async`](Self::get_or_load_async), but a caller that has to wait for
@@ -96,14 +109,133 @@ where
         E: Send + Sync + 'static,
         D: Future<Output = ()>,
     {
-        self.load_async(key, Some(deadline), loader).await
+        self.load_async(key, Some(deadline), loader, Handoff::Inline)
+            .await
     }
 
+    /// The value for `key`; on a miss, loads it with `loader`'s future as a task on the
+    /// cache's [`task_spawner`](crate::CacheBuilder::task_spawner), exactly once however many
+    /// callers, futures or threads, miss together.
+    ///
+    /// The load is detached from the caller that starts it: that caller waits for it like
+    /// every other, so dropping its future (a timeout, an aborted task) cancels nobody's load.
+    /// The load runs to the end, is cached, and reaches every caller still waiting. An early
+    /// refresh (XFetch, soft TTL) that this call wins also runs on the spawner, and the call
+    /// returns the current value at once: no reader waits for a refresh.
+    ///
+    /// A loader that panics gives every caller, this one included, [`LoadError::Panicked`]
+    /// (the panic is the task's). If the spawner drops the task before it finishes, this call
+    /// returns [`LoadError::Cancelled`], nothing is cached and the callers waiting on the load
+    /// look at the key again. Without a task spawner it behaves as
+    /// [`get_or_load_async`](Self::get_or_load_async).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let cache: herdcache::Cache<u32, String> = herdcache::Cache::builder()
+    ///     .max_capacity(100)
+    ///     .task_spawner(|task| drop(tokio::spawn(task)))
+    ///     .build()?;
+    /// let v = cache
+    ///     .get_or_load_spawned(&7, |k| {
+    ///         let k = *k;
+    ///         async move { Ok::<_, std::io::Error>(format!("value {k}")) }
+    ///     })
+    ///     .await?;
+    /// assert_eq!(v, "value 7");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn get_or_load_spawned<E, F, Fut>(
+        &self,
+        key: &K,
+        loader: F,
+    ) -> Result<V, LoadError<E>>
+    where
+        F: FnOnce(&K) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<V, E>> + Send + 'static,
+        E: Send + Sync + 'static,
+        S: Send + Sync + 'static,
+    {
+        self.load_async(key, None::<std::future::Pending<()>>, loader, |lead, f| {
+            self.spawn_lead(lead, f)
+        })
+        .await
+    }
+
+    /// Like [`get_or_load_spawned`](Self::get_or_load_spawned), but the caller waits for the
+    /// load (its own spawned one included) or for a load permit only until `deadline`
+    /// completes. It then returns the expired value the load is replacing if one was kept,
+    /// else [`LoadError::Timeout`]; the load carries on and is cached.
+    pub async fn get_or_load_spawned_until<E, F, Fut, D>(
+        &self,
+        key: &K,
+        deadline: D,
+        loader: F,
+    ) -> Result<V, LoadError<E>>
+    where
+        F: FnOnce(&K) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<V, E>> + Send + 'static,
+        E: Send + Sync + 'static,
+        S: Send + Sync + 'static,
+        D: Future<Output = ()>,
+    {
+        self.load_async(key, Some(deadline), loader, |lead, f| {
+            self.spawn_lead(lead, f)
+        })
+        .await
+    }
+
+    /// Hands a won load to the task spawner, if the cache has one.
+    fn spawn_lead<E, F, Fut>(&self, lead: Lead<K, V, S>, loader: F) -> Handoff<K, V, S, F>
+    where
+        F: FnOnce(&K) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<V, E>> + Send + 'static,
+        E: Send + Sync + 'static,
+        S: Send + Sync + 'static,
+    {
+        let Some(spawner) = &self.inner.task_spawner else {
+            return Handoff::Inline(lead, loader);
+        };
+        // A refresh: the value it replaces is still valid, and is this caller's answer.
+        let current = lead.flight.serving(|| self.now()).cloned();
+        let flight = Arc::clone(&lead.flight);
+        spawner.spawn(async move {
+            let _ = Self::lead_async(lead, loader).await;
+        });
+        Handoff::Spawned { flight, current }
+    }
+
+    /// Runs the loader future as the flight's leader and finishes the flight on every path
+    /// out (a panic or a drop mid-load included, through `Lead`'s drop).
+    async fn lead_async<E, F, Fut>(lead: Lead<K, V, S>, loader: F) -> Result<V, LoadError<E>>
+    where
+        F: FnOnce(&K) -> Fut,
+        Fut: Future<Output = Result<V, E>>,
+        E: Send + Sync + 'static,
+    {
+        // No thread runs the loader: the future may move between threads.
+        lead.flight.clear_leader();
+        let started = lead.cache.now();
+        let result = {
+            let load = pin!(loader(&lead.key));
+            CatchPanic {
+                load,
+                panicked: &lead.panicked,
+            }
+            .await
+        };
+        Self::conclude(lead, started, result)
+    }
+
+    /// The futures' miss path; `hand_off` says whether a load this caller wins runs inline or
+    /// on the task spawner.
     async fn load_async<E, F, Fut, D>(
         &self,
         key: &K,
         deadline: Option<D>,
         loader: F,
+        hand_off: impl Fn(Lead<K, V, S>, F) -> Handoff<K, V, S, F>,
     ) -> Result<V, LoadError<E>>
     where
         F: FnOnce(&K) -> Fut,
@@ -113,36 +245,28 @@ where
     {
         let hash = self.inner.hasher.hash_one(key);
         let mut deadline = pin!(deadline);
+        let mut loader = Some(loader);
         let mut held = None;
         loop {
-            match self.step::<E>(key, hash, &mut held) {
+            let (flight, ours) = match self.step::<E>(key, hash, &mut held) {
                 Step::Done(r) => return r,
                 Step::Lead(lead) => {
-                    // No thread runs the loader: the future may move between threads.
-                    lead.flight.clear_leader();
-                    let started = lead.cache.now();
-                    let result = {
-                        let load = pin!(loader(&lead.key));
-                        CatchPanic {
-                            load,
-                            panicked: &lead.panicked,
-                        }
-                        .await
+                    // The loader is gone only once it was handed to a task that then was
+                    // dropped, and that ends the call below: this is not reached then.
+                    let Some(f) = loader.take() else {
+                        return Err(LoadError::Cancelled);
                     };
-                    return Self::conclude(lead, started, result);
+                    match hand_off(lead, f) {
+                        Handoff::Inline(lead, f) => return Self::lead_async(lead, f).await,
+                        Handoff::Spawned {
+                            current: Some(v), ..
+                        } => return Ok(v),
+                        Handoff::Spawned { flight, .. } => (flight, true),
+                    }
                 }
                 Step::Wait(flight) => {
                     self.inner.domain.pin().count(Counter::CoalescedWaits);
-                    let waiting = Waiting {
-                        flight: &flight,
-                        sub: flight.subscribe(),
-                        deadline: deadline.as_mut(),
-                    };
-                    let outcome = waiting.await;
-                    match self.joined(&flight, outcome) {
-                        Joined::Done(r) => return r,
-                        Joined::Retry => continue,
-                    }
+                    (flight, false)
                 }
                 Step::Throttled(limiter) => {
                     let acquiring = Acquiring {
@@ -157,10 +281,40 @@ where
                             return Err(LoadError::Timeout);
                         }
                     }
+                    continue;
                 }
+            };
+            let waiting = Waiting {
+                flight: &flight,
+                sub: flight.subscribe(),
+                deadline: deadline.as_mut(),
+            };
+            let outcome = waiting.await;
+            match self.joined(&flight, outcome) {
+                Joined::Done(r) => return r,
+                // Our own task was dropped unfinished (the only way our load retries).
+                Joined::Retry if ours => return Err(LoadError::Cancelled),
+                Joined::Retry => continue,
             }
         }
     }
+}
+
+/// What the future that wins a load does with it.
+enum Handoff<K, V, S, F>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+    S: BuildHasher,
+{
+    /// Run the loader inline.
+    Inline(Lead<K, V, S>, F),
+    /// The load runs on the task spawner: wait on its flight, unless it is a refresh, whose
+    /// caller returns the value still `current`.
+    Spawned {
+        flight: Arc<Flight<V>>,
+        current: Option<V>,
+    },
 }
 
 /// Polls `deadline` if there is one: whether it has passed.

@@ -43,6 +43,11 @@ pub enum LoadError<E> {
     /// The loader called back into the cache for the key it is loading; waiting on itself
     /// would never end.
     Recursive,
+    /// The load this call handed to the cache's
+    /// [`task_spawner`](crate::CacheBuilder::task_spawner) was dropped before it finished
+    /// (the runtime shut down, or the spawner dropped the task). Nothing was cached; the next
+    /// call loads afresh.
+    Cancelled,
 }
 
 impl<E> Clone for LoadError<E> {
@@ -52,6 +57,7 @@ impl<E> Clone for LoadError<E> {
             LoadError::Panicked => LoadError::Panicked,
             LoadError::Timeout => LoadError::Timeout,
             LoadError::Recursive => LoadError::Recursive,
+            LoadError::Cancelled => LoadError::Cancelled,
         }
     }
 }
@@ -63,6 +69,7 @@ impl<E: fmt::Display> fmt::Display for LoadError<E> {
             LoadError::Panicked => f.write_str("loader panicked"),
             LoadError::Timeout => f.write_str("timed out waiting for the load"),
             LoadError::Recursive => f.write_str("loader re-entered the cache for its own key"),
+            LoadError::Cancelled => f.write_str("the spawned load was dropped before it finished"),
         }
     }
 }
