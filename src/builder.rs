@@ -85,6 +85,8 @@ pub struct CacheBuilder<K, V, S = DefaultHashBuilder> {
     pub(crate) refresh_spawner: Option<crate::refresh::Spawner>,
     pub(crate) task_spawner: Option<crate::spawn::TaskSpawner>,
     pub(crate) clock: Option<Arc<dyn Clock>>,
+    #[cfg(feature = "redis")]
+    pub(crate) shared: Option<crate::fleet::RedisTier<K, V>>,
     pub(crate) hasher: S,
     _marker: PhantomData<fn(K, V)>,
 }
@@ -128,6 +130,8 @@ impl<K, V> CacheBuilder<K, V, DefaultHashBuilder> {
             refresh_spawner: None,
             task_spawner: None,
             clock: None,
+            #[cfg(feature = "redis")]
+            shared: None,
             hasher: DefaultHashBuilder::default(),
             _marker: PhantomData,
         }
@@ -277,6 +281,16 @@ impl<K, V, S> CacheBuilder<K, V, S> {
         self
     }
 
+    /// Coordinates loads across instances through a shared Redis tier with soft locks (feature
+    /// `redis`): see [`RedisTier`](crate::fleet::RedisTier). Each load this cache leads first
+    /// asks the tier, and only one instance of the fleet loads from the source at a time.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub fn shared_tier(mut self, tier: crate::fleet::RedisTier<K, V>) -> Self {
+        self.shared = Some(tier);
+        self
+    }
+
     /// The clock expiry is measured with (default: [`SystemClock`]). Pass a
     /// [`ManualClock`](crate::ManualClock) to test time-dependent behaviour without sleeping.
     pub fn clock(mut self, clock: impl Clock) -> Self {
@@ -299,6 +313,8 @@ impl<K, V, S> CacheBuilder<K, V, S> {
             refresh_spawner: self.refresh_spawner,
             task_spawner: self.task_spawner,
             clock: self.clock,
+            #[cfg(feature = "redis")]
+            shared: self.shared,
             hasher,
             _marker: PhantomData,
         }
@@ -347,7 +363,10 @@ where
     /// [`BuildError`] naming the first setting that is missing or out of range.
     pub fn build(self) -> Result<Cache<K, V, S>, BuildError> {
         let settings = self.validate()?;
-        Ok(Cache::from_settings(settings, self.hasher))
+        let cache = Cache::from_settings(settings, self.hasher);
+        #[cfg(feature = "redis")]
+        let cache = cache.with_shared_tier(self.shared);
+        Ok(cache)
     }
 
     pub(crate) fn validate(&self) -> Result<Settings, BuildError> {

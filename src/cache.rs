@@ -45,6 +45,9 @@ pub(crate) struct Inner<K, V, S> {
     pub(crate) limiter: Option<Arc<Limiter>>,
     /// Runs the loads of `get_or_load_spawned`.
     pub(crate) task_spawner: Option<crate::spawn::TaskSpawner>,
+    /// Coordinates loads across instances.
+    #[cfg(feature = "redis")]
+    pub(crate) shared: Option<crate::fleet::RedisTier<K, V>>,
     versions: AtomicU64,
     // Dropped last: dropping the domain frees this thread's handle, letting the collector
     // run the destructors of the entries retired above.
@@ -106,10 +109,21 @@ where
                     .max_concurrent_loads
                     .map(|n| Arc::new(Limiter::new(n))),
                 task_spawner: settings.task_spawner,
+                #[cfg(feature = "redis")]
+                shared: None,
                 versions: AtomicU64::new(1),
                 domain: Domain::new(),
             }),
         }
+    }
+
+    /// Attaches the shared tier (only while this is the cache's one handle, at build).
+    #[cfg(feature = "redis")]
+    pub(crate) fn with_shared_tier(mut self, tier: Option<crate::fleet::RedisTier<K, V>>) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.shared = tier;
+        }
+        self
     }
 
     /// The value for `key`, cloned, if the cache holds one that has not expired.

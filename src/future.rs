@@ -217,14 +217,22 @@ where
         // No thread runs the loader: the future may move between threads.
         lead.flight.clear_leader();
         let started = lead.cache.now();
-        let result = {
-            let load = pin!(loader(&lead.key));
-            CatchPanic {
-                load,
-                panicked: &lead.panicked,
-            }
-            .await
+        let load = pin!(loader(&lead.key));
+        let load = CatchPanic {
+            load,
+            panicked: &lead.panicked,
         };
+        #[cfg(feature = "redis")]
+        if let Some(tier) = lead.cache.inner.shared.as_ref().filter(|_| on_tokio()) {
+            let (ttl, refreshing) = lead.shared_plan();
+            let domain = &lead.cache.inner.domain;
+            let count = move |c| domain.pin().count(c);
+            let fetched = tier
+                .load_async(&lead.key, ttl, refreshing, &count, load)
+                .await;
+            return Self::conclude_at(lead, started, fetched.result, fetched.ttl);
+        }
+        let result = load.await;
         Self::conclude(lead, started, result)
     }
 
@@ -315,6 +323,13 @@ where
         flight: Arc<Flight<V>>,
         current: Option<V>,
     },
+}
+
+/// Whether this future runs on a tokio runtime, which the shared tier's async client needs;
+/// elsewhere a load skips the tier.
+#[cfg(feature = "redis")]
+fn on_tokio() -> bool {
+    tokio::runtime::Handle::try_current().is_ok()
 }
 
 /// Polls `deadline` if there is one: whether it has passed.

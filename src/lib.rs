@@ -154,6 +154,18 @@
 //! restarted over and over and most reads get nothing, while spawned loads finish once per
 //! expiry and every later read hits.
 //!
+//! # Fleet-wide coalescing (feature `redis`)
+//!
+//! Single flight is per process: a hundred instances of a service still send a hundred loads
+//! when a hot key expires. `CacheBuilder::shared_tier` with a `fleet::RedisTier` makes the instances' leaders meet in Redis first: the one that takes
+//! a soft lock (with a lease) loads and writes the value there, the others wait briefly and
+//! take it, and every instance expires the value when Redis does, so the fleet loads about
+//! once per TTL. The lock is only an optimisation: a crashed holder costs one lease, a wait
+//! never exceeds its bound, and with Redis down every read is still served by local single
+//! flight (counted in [`Stats::shared_errors`], never a load error). Values cross the wire
+//! through a `fleet::Codec`. The failure modes are listed under `fleet::RedisTier` (the
+//! `fleet` module exists with the `redis` feature).
+//!
 //! # Pacing loads
 //!
 //! [`max_concurrent_loads(n)`](CacheBuilder::max_concurrent_loads) bounds the loads in flight
@@ -196,6 +208,9 @@ mod builder;
 mod cache;
 mod clock;
 mod entry;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod fleet;
 mod flight;
 mod future;
 mod load;

@@ -410,15 +410,37 @@ where
         lead.flight.set_leader_here();
         // Measured with the cache's clock, so a manual clock drives XFetch's delta in tests.
         let started = lead.cache.now();
+        #[cfg(feature = "redis")]
+        if let Some(tier) = &lead.cache.inner.shared {
+            let (ttl, refreshing) = lead.shared_plan();
+            let domain = &lead.cache.inner.domain;
+            let count = move |c| domain.pin().count(c);
+            let fetched = tier.load_sync(&lead.key, ttl, refreshing, &count, || loader(&lead.key));
+            return Self::conclude_at(lead, started, fetched.result, fetched.ttl);
+        }
         let result = loader(&lead.key);
         Self::conclude(lead, started, result)
     }
 
     /// Publishes a finished load's result (started at `started`) and completes the flight.
     pub(crate) fn conclude<E>(
+        lead: Lead<K, V, S>,
+        started: u64,
+        result: Result<V, E>,
+    ) -> Result<V, LoadError<E>>
+    where
+        E: Send + Sync + 'static,
+    {
+        Self::conclude_at(lead, started, result, None)
+    }
+
+    /// Like `conclude`, for a value that lives at most `ttl` more (one taken from the shared
+    /// tier: it expires here when it expires there).
+    pub(crate) fn conclude_at<E>(
         mut lead: Lead<K, V, S>,
         started: u64,
         result: Result<V, E>,
+        ttl: Option<Duration>,
     ) -> Result<V, LoadError<E>>
     where
         E: Send + Sync + 'static,
@@ -430,7 +452,12 @@ where
             Ok(value) => {
                 let delta =
                     crate::refresh::next_delta(previous_delta, finished.saturating_sub(started));
-                let expires_at = cache.default_expiry();
+                let expires_at = match ttl {
+                    Some(t) => cache
+                        .default_expiry()
+                        .min(finished.saturating_add(crate::clock::duration_to_nanos(t))),
+                    None => cache.default_expiry(),
+                };
                 lead.replace_loading(|| cache.ready_entry(value.clone(), expires_at, delta, 0));
                 lead.finish(FlightResult::Value(value.clone()));
                 Ok(value)
@@ -546,6 +573,19 @@ where
             cache.evict_if_over_capacity(&pinned);
         }
         replaced
+    }
+
+    /// What the shared tier needs to know about this load: the TTL to write a loaded value
+    /// with, and for a refresh, how long the value being refreshed still lives.
+    #[cfg(feature = "redis")]
+    pub(crate) fn shared_plan(&self) -> (Option<Duration>, Option<Duration>) {
+        let ttl = self.cache.inner.time_to_live.map(Duration::from_nanos);
+        let now = self.cache.now();
+        let refreshing = self
+            .flight
+            .serving(|| now)
+            .map(|_| Duration::from_nanos(self.flight.stale_valid_until().saturating_sub(now)));
+        (ttl, refreshing)
     }
 
     /// Removes our `Loading` entry if the slot still holds it.

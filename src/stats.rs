@@ -38,9 +38,15 @@ pub(crate) enum Counter {
     RefreshFailures,
     Throttled,
     LoadsCancelled,
+    SharedHits,
+    SharedLoads,
+    SharedLockWaits,
+    SharedWaitTimeouts,
+    SharedErrors,
+    SharedCodecErrors,
 }
 
-const COUNTERS: usize = Counter::LoadsCancelled as usize + 1;
+const COUNTERS: usize = Counter::SharedCodecErrors as usize + 1;
 
 /// A snapshot of a cache's counters, from [`Cache::stats`](crate::Cache::stats).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -81,6 +87,20 @@ pub struct Stats {
     /// Loads whose leader was dropped before the load finished (a cancelled future, or a
     /// refresh job its spawner dropped unrun); their waiters looked at the key again.
     pub loads_cancelled: u64,
+    /// Loads answered by the shared tier (feature `redis`): another instance had loaded the
+    /// value. Each is also counted in `loads`, but reached no source.
+    pub shared_hits: u64,
+    /// Loads run by this instance while holding the shared tier's lock for the key.
+    pub shared_loads: u64,
+    /// Loads that found the shared lock held by another instance and waited for its value.
+    pub shared_lock_waits: u64,
+    /// Of those, loads that waited out the tier's wait bound and loaded on their own.
+    pub shared_wait_timeouts: u64,
+    /// Shared-tier operations that failed (unreachable, slow, or an error reply); each such
+    /// load ran locally.
+    pub shared_errors: u64,
+    /// Values that failed to encode for, or decode from, the shared tier.
+    pub shared_codec_errors: u64,
 }
 
 impl Stats {
@@ -234,6 +254,12 @@ impl CounterRegistry {
             load_errors: get(Counter::LoadErrors),
             load_panics: get(Counter::LoadPanics),
             loads_cancelled: get(Counter::LoadsCancelled),
+            shared_hits: get(Counter::SharedHits),
+            shared_loads: get(Counter::SharedLoads),
+            shared_lock_waits: get(Counter::SharedLockWaits),
+            shared_wait_timeouts: get(Counter::SharedWaitTimeouts),
+            shared_errors: get(Counter::SharedErrors),
+            shared_codec_errors: get(Counter::SharedCodecErrors),
             timeouts: get(Counter::Timeouts),
             refreshes: get(Counter::Refreshes),
             refresh_failures: get(Counter::RefreshFailures),

@@ -5,6 +5,7 @@
 //!   it takes minutes and wants an otherwise idle machine).
 //! - Stampedes: every configuration of `stampede-bench`, run now.
 //! - Hit ratio: the default grid of `hitratio`, run now (skipped with a message if no traces).
+//! - Fleet: `fleet-bench`'s default runs, now (skipped with a message without `redis-server`).
 //!
 //! Run: `cargo run --release -p herdcache-bench --bin bench-report -- [--out DIR]
 //! [--seconds S] [--traces DIR]`. `--out` defaults to the workspace's `docs/`.
@@ -14,6 +15,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use herdcache_bench::args::{exit_usage, Flags};
+use herdcache_bench::fleet::{self, FleetReport, FleetSettings, RedisServer};
 use herdcache_bench::hitratio::{self, Cell, POLICIES};
 use herdcache_bench::stampede::{self, Config, Report, Settings};
 use herdcache_bench::{svg, trace};
@@ -314,6 +316,55 @@ fn stampede_section(reports: &[Report], s: &Settings, out_dir: &Path, md: &mut S
     );
 }
 
+fn fleet_section(fleet: &Result<Vec<FleetReport>, String>, out_dir: &Path, md: &mut String) {
+    let s = FleetSettings::default();
+    let _ = writeln!(
+        md,
+        "## Fleet stampedes\n\n`cargo run --release -p herdcache-bench --bin fleet-bench`: K \
+         instance processes on this machine, each with its own cache and {} reader threads at \
+         {} reads/s, read one hot key (source load {:?}, TTL {:?}, {:?} per run), with local \
+         single flight only and then coordinated through a private `redis-server` \
+         (`RedisTier`). Expiries: groups of source loads closer than half a TTL.\n",
+        s.readers, s.rate, s.load, s.ttl, s.run
+    );
+    let reports = match fleet {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = writeln!(md, "Not measured: {e}.\n");
+            return;
+        }
+    };
+    md.push_str(&fleet::table(reports));
+    let mut ks: Vec<usize> = reports.iter().map(|r| r.instances).collect();
+    ks.dedup();
+    let per = |mode: &str| -> Vec<f64> {
+        ks.iter()
+            .map(|&k| {
+                reports
+                    .iter()
+                    .find(|r| r.instances == k && r.mode == mode)
+                    .map_or(0.0, |r| r.per_expiry)
+            })
+            .collect()
+    };
+    write_file(
+        &out_dir.join("bench/fleet_loads.svg"),
+        &svg::bars(
+            "Source loads per expiry across the fleet",
+            "loads per expiry",
+            &ks.iter()
+                .map(|k| format!("{k} instances"))
+                .collect::<Vec<_>>(),
+            &[
+                "local single flight only".to_owned(),
+                "Redis soft lock".to_owned(),
+            ],
+            &[per("local"), per("redis")],
+        ),
+    );
+    let _ = writeln!(md, "\n![fleet loads per expiry](bench/fleet_loads.svg)\n");
+}
+
 fn hitratio_section(cells: &[Cell], note: &str, out_dir: &Path, md: &mut String) {
     let _ = writeln!(
         md,
@@ -437,6 +488,7 @@ fn versions() -> String {
 }
 
 fn main() {
+    fleet::child_main_if_requested();
     let flags = Flags::parse(&["--out", "--seconds", "--traces"], &["--help"])
         .unwrap_or_else(|e| exit_usage(&e, USAGE));
     if flags.has("--help") {
@@ -498,6 +550,20 @@ fn main() {
         ),
     };
 
+    eprintln!("fleet: 2, 4 and 8 instances, local and Redis");
+    let fleet_reports = RedisServer::start().and_then(|server| {
+        let mut out = Vec::new();
+        for k in [2, 4, 8] {
+            let s = FleetSettings {
+                instances: k,
+                ..FleetSettings::default()
+            };
+            out.push(fleet::run(&s, None)?);
+            out.push(fleet::run(&s, Some(&server.url()))?);
+        }
+        Ok(out)
+    });
+
     let mut md = String::new();
     let _ = writeln!(
         md,
@@ -511,6 +577,7 @@ fn main() {
     );
     throughput_section(&throughput, &out_dir, &mut md);
     stampede_section(&reports, &settings, &out_dir, &mut md);
+    fleet_section(&fleet_reports, &out_dir, &mut md);
     hitratio_section(&cells, &note, &out_dir, &mut md);
     write_file(&out_dir.join("BENCHMARKS.md"), &md);
     eprintln!("wrote {}", out_dir.join("BENCHMARKS.md").display());

@@ -1,0 +1,106 @@
+//! A private `redis-server` for the fleet tests: loopback, a free port, a temporary
+//! directory, no persistence; killed (also on a failed test) when dropped.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct RedisServer {
+    child: Option<Child>,
+    pub port: u16,
+    dir: PathBuf,
+}
+
+impl RedisServer {
+    /// Starts a server, or `None` (with a message) when `redis-server` is not installed and
+    /// `HERDCACHE_REQUIRE_REDIS` is unset; CI sets it, so there a missing server fails.
+    pub fn start(test: &str) -> Option<Self> {
+        let found = Command::new("redis-server")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !found {
+            assert!(
+                std::env::var_os("HERDCACHE_REQUIRE_REDIS").is_none(),
+                "HERDCACHE_REQUIRE_REDIS is set but redis-server is not installed"
+            );
+            eprintln!(
+                "SKIPPED {test}: redis-server is not installed (apt-get install redis-server)"
+            );
+            return None;
+        }
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free loopback port")
+            .port();
+        let dir =
+            std::env::temp_dir().join(format!("herdcache-redis-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        let mut s = RedisServer {
+            child: None,
+            port,
+            dir,
+        };
+        s.restart();
+        Some(s)
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// A plain client connection, for the tests' own checks.
+    pub fn client(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_connection_with_timeout(Duration::from_secs(2))
+            .expect("the test's own Redis connection")
+    }
+
+    /// Kills the server (as a crash would).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the server again on the same port, empty; returns once it accepts connections.
+    pub fn restart(&mut self) {
+        self.stop();
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "yes",
+            ])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server starts");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not start listening"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
