@@ -87,6 +87,7 @@ pub struct CacheBuilder<K, V, S = DefaultHashBuilder> {
     pub(crate) clock: Option<Arc<dyn Clock>>,
     #[cfg(feature = "redis")]
     pub(crate) shared: Option<crate::fleet::RedisTier<K, V>>,
+    pub(crate) hooks: crate::removal::Hooks<K, V>,
     pub(crate) hasher: S,
     _marker: PhantomData<fn(K, V)>,
 }
@@ -105,6 +106,7 @@ impl<K, V, S> fmt::Debug for CacheBuilder<K, V, S> {
             .field("refresh_spawner", &self.refresh_spawner.is_some())
             .field("task_spawner", &self.task_spawner.is_some())
             .field("clock", &self.clock)
+            .field("hooks", &self.hooks)
             .finish_non_exhaustive()
     }
 }
@@ -132,6 +134,7 @@ impl<K, V> CacheBuilder<K, V, DefaultHashBuilder> {
             clock: None,
             #[cfg(feature = "redis")]
             shared: None,
+            hooks: crate::removal::Hooks::default(),
             hasher: DefaultHashBuilder::default(),
             _marker: PhantomData,
         }
@@ -139,7 +142,8 @@ impl<K, V> CacheBuilder<K, V, DefaultHashBuilder> {
 }
 
 impl<K, V, S> CacheBuilder<K, V, S> {
-    /// The most entries the cache holds (required; 1 to [`MAX_CAPACITY_LIMIT`]).
+    /// The most entries the cache holds, or with a [`weigher`](Self::weigher) the most total
+    /// weight (required; 1 to [`MAX_CAPACITY_LIMIT`]).
     ///
     /// Concurrent inserts may exceed it briefly: each inserting thread adds its entry and
     /// then evicts, so the count stays within `max_capacity` plus the number of threads
@@ -291,6 +295,59 @@ impl<K, V, S> CacheBuilder<K, V, S> {
         self
     }
 
+    /// Weighs entries, so that [`max_capacity`](Self::max_capacity) bounds their total
+    /// weight rather than their number: `weigher(key, value)` is called once per write (on
+    /// the writing thread, before the entry is stored). A weight of 0 never forces an
+    /// eviction; an entry heavier than the whole capacity is evicted as soon as it is stored.
+    /// Cached load errors weigh 1.
+    ///
+    /// ```
+    /// let cache: herdcache::Cache<u32, String> = herdcache::Cache::builder()
+    ///     .max_capacity(1_000) // bytes of string data
+    ///     .weigher(|_key, value: &String| value.len().try_into().unwrap_or(u32::MAX))
+    ///     .build()?;
+    /// cache.insert(1, "x".repeat(600));
+    /// cache.insert(2, "y".repeat(600)); // 1,200 bytes > 1,000: one of them is evicted
+    /// assert_eq!(cache.entry_count(), 1);
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    pub fn weigher(mut self, weigher: impl Fn(&K, &V) -> u32 + Send + Sync + 'static) -> Self {
+        self.hooks.weigher = Some(Arc::new(weigher));
+        self
+    }
+
+    /// Called once for each value that leaves the cache, with its key and why
+    /// ([`RemovalCause`](crate::RemovalCause)): evicted for size, expired, invalidated, or
+    /// replaced. It runs on the thread that removed the value, after the removal, outside any
+    /// lock; a panic in it is caught and dropped. Cached load errors are not reported.
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use herdcache::RemovalCause;
+    ///
+    /// let log = Arc::new(Mutex::new(Vec::new()));
+    /// let seen = log.clone();
+    /// let cache = herdcache::Cache::builder()
+    ///     .max_capacity(100)
+    ///     .eviction_listener(move |k: &u32, v: &u32, cause| seen.lock().unwrap().push((*k, *v, cause)))
+    ///     .build()?;
+    /// cache.insert(1, 10);
+    /// cache.insert(1, 11);
+    /// cache.invalidate(&1);
+    /// assert_eq!(
+    ///     *log.lock().unwrap(),
+    ///     [(1, 10, RemovalCause::Replaced), (1, 11, RemovalCause::Invalidated)]
+    /// );
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    pub fn eviction_listener(
+        mut self,
+        listener: impl Fn(&K, &V, crate::RemovalCause) + Send + Sync + 'static,
+    ) -> Self {
+        self.hooks.listener = Some(Arc::new(listener));
+        self
+    }
+
     /// The clock expiry is measured with (default: [`SystemClock`]). Pass a
     /// [`ManualClock`](crate::ManualClock) to test time-dependent behaviour without sleeping.
     pub fn clock(mut self, clock: impl Clock) -> Self {
@@ -315,6 +372,7 @@ impl<K, V, S> CacheBuilder<K, V, S> {
             clock: self.clock,
             #[cfg(feature = "redis")]
             shared: self.shared,
+            hooks: self.hooks,
             hasher,
             _marker: PhantomData,
         }
@@ -363,7 +421,7 @@ where
     /// [`BuildError`] naming the first setting that is missing or out of range.
     pub fn build(self) -> Result<Cache<K, V, S>, BuildError> {
         let settings = self.validate()?;
-        let cache = Cache::from_settings(settings, self.hasher);
+        let cache = Cache::from_settings(settings, self.hooks, self.hasher);
         #[cfg(feature = "redis")]
         let cache = cache.with_shared_tier(self.shared);
         Ok(cache)

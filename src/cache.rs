@@ -11,19 +11,16 @@ use std::time::Duration;
 use crossbeam_epoch::Owned;
 
 use crate::builder::{CacheBuilder, Settings};
-use crate::clock::{duration_to_nanos, OnceNow, TimeSource};
-use crate::entry::{Entry, Kind, NEVER};
+use crate::clock::{duration_to_nanos, TimeSource};
+use crate::entry::{Entry, NEVER};
 use crate::local::{Domain, Pinned};
 use crate::pacing::Limiter;
-use crate::policy::{Candidate, EvictionPolicy, FrequencyClock};
+use crate::policy::Policy;
 use crate::refresh::RefreshSettings;
+use crate::removal::{Hooks, RemovalCause};
 use crate::stats::{Counter, Stats};
-use crate::table::{Node, Table};
+use crate::table::{Decision, Node, Outcome, Table};
 use crate::DefaultHashBuilder;
-
-/// Victims tried per insert before giving up on getting back under capacity (the next
-/// insert tries again); reached only when other threads keep removing the chosen victims.
-const EVICTION_ATTEMPTS: usize = 64;
 
 /// A bounded, lock-free, concurrent cache.
 ///
@@ -35,7 +32,10 @@ pub struct Cache<K, V, S = DefaultHashBuilder> {
 
 pub(crate) struct Inner<K, V, S> {
     pub(crate) table: Table<K, Entry<V>>,
-    pub(crate) policy: FrequencyClock,
+    pub(crate) policy: Policy,
+    /// Hashes keys into policy keys: seeded per cache, independent of the user's hasher.
+    pub(crate) pkeys: foldhash::fast::RandomState,
+    pub(crate) hooks: Hooks<K, V>,
     pub(crate) hasher: S,
     pub(crate) clock: TimeSource,
     pub(crate) max_capacity: usize,
@@ -94,11 +94,15 @@ where
     V: Send + Sync + 'static,
     S: BuildHasher,
 {
-    pub(crate) fn from_settings(settings: Settings, hasher: S) -> Self {
+    pub(crate) fn from_settings(settings: Settings, hooks: Hooks<K, V>, hasher: S) -> Self {
+        let pkeys = foldhash::fast::RandomState::default();
+        let seed = pkeys.hash_one(0x5eed_u64);
         Cache {
             inner: Arc::new(Inner {
                 table: Table::with_capacity(settings.initial_capacity),
-                policy: FrequencyClock::default(),
+                policy: Policy::new(settings.max_capacity as u64, seed),
+                pkeys,
+                hooks,
                 hasher,
                 clock: settings.clock,
                 max_capacity: settings.max_capacity,
@@ -219,7 +223,11 @@ where
             .table
             .remove(hash, |k| k.borrow() == key, &pinned.guard)
         {
-            Some(node) => self.count_removal(&node.value, Counter::Invalidations, &pinned),
+            Some(node) => {
+                let live = node.value.live_value(|| self.now()).is_some();
+                self.removed(node, RemovalCause::Invalidated, &pinned);
+                live
+            }
             None => false,
         }
     }
@@ -230,7 +238,7 @@ where
         let pinned = self.inner.domain.pin();
         for node in self.inner.table.iter(&pinned.guard) {
             if self.inner.table.remove_node(node, &pinned.guard) {
-                self.count_removal(&node.value, Counter::Invalidations, &pinned);
+                self.removed(node, RemovalCause::Invalidated, &pinned);
             }
         }
     }
@@ -278,6 +286,7 @@ where
     /// `failures`: consecutive failed refreshes behind it).
     pub(crate) fn ready_entry(
         &self,
+        pkey: u64,
         value: V,
         expires_at: u64,
         delta: u64,
@@ -287,7 +296,7 @@ where
             .inner
             .refresh
             .state(self.now(), expires_at, delta, failures);
-        Entry::ready(self.next_version(), value, expires_at, refresh)
+        Entry::ready(self.next_version(), pkey, value, expires_at, refresh)
     }
 
     /// A fresh version, unique within the cache.
@@ -324,88 +333,57 @@ where
         None
     }
 
-    /// The bookkeeping of a hit: the policy's hook (test-before-set) and this thread's
+    /// The bookkeeping of a hit: the entry's hit counter (test before set) and this thread's
     /// counter.
     #[inline]
     pub(crate) fn record_hit(&self, entry: &Entry<V>, pinned: &Pinned<'_>) {
-        self.inner.policy.on_hit(&entry.policy);
+        entry.policy.on_hit();
         pinned.count(Counter::Hits);
     }
 
     #[cold]
     fn remove_expired(&self, node: &Node<K, Entry<V>>, pinned: &Pinned<'_>) {
         if self.inner.table.remove_node(node, &pinned.guard) {
-            pinned.count(Counter::Expirations);
+            self.removed(node, RemovalCause::Expired, pinned);
         }
-    }
-
-    /// Counts a removed entry as `live_kind` if it held a live value, as an expiration if it
-    /// had expired (nothing for a detached load); returns whether it held a live value.
-    fn count_removal(&self, entry: &Entry<V>, live_kind: Counter, pinned: &Pinned<'_>) -> bool {
-        let now = OnceNow::new(&self.inner.clock);
-        let live = entry.live_value(|| now.get()).is_some();
-        if live {
-            pinned.count(live_kind);
-        } else if entry.is_expired(|| now.get()) {
-            pinned.count(Counter::Expirations);
-        }
-        live
     }
 
     fn insert_entry(&self, key: K, value: V, expires_at: u64, pinned: &Pinned<'_>) {
         let hash = self.inner.hasher.hash_one(&key);
-        let entry = self.ready_entry(value, expires_at, 0, 0);
+        let weight = self.weight_of(&key, &value);
+        let pkey = self.pkey(&key);
+        let entry = self.ready_entry(pkey, value, expires_at, 0, 0);
         let node = Owned::new(Node::new(hash, key, entry));
         let key_ptr: *const K = &node.key;
-        let replaced = self.inner.table.insert(
-            node,
+        let outcome = self.inner.table.update(
+            hash,
             // SAFETY: `key_ptr` points into the node's heap allocation, which does not move
-            // when the `Owned` does. While `insert` runs the node is either still ours
+            // when the `Owned` does. While `update` runs the node is either still ours
             // (handed back and forth across CAS retries) or published, and then it is freed
-            // only after our guard unpins. `insert` calls this only before it returns.
+            // only after our guard unpins. `update` calls this only before it returns.
             |k| k == unsafe { &*key_ptr },
+            Some(node),
+            |_| Decision::Put,
             &pinned.guard,
         );
-        match replaced {
-            None => pinned.count(Counter::Inserts),
-            Some(_) => pinned.count(Counter::Updates),
-        }
-        self.evict_if_over_capacity(pinned);
-    }
-
-    /// Evicts until the cache is back within capacity (see `max_capacity` for the bound).
-    #[inline]
-    pub(crate) fn evict_if_over_capacity(&self, pinned: &Pinned<'_>) {
-        if self.inner.table.len() > self.inner.max_capacity {
-            self.evict_overflow(pinned);
-        }
-    }
-
-    #[cold]
-    fn evict_overflow(&self, pinned: &Pinned<'_>) {
-        // One reading for the whole sweep.
-        let now = OnceNow::new(&self.inner.clock);
-        let classify = |e: &Entry<V>| match e.kind {
-            Kind::Loading(_) => Candidate::Skip,
-            _ if e.is_expired(|| now.get()) => Candidate::Expired,
-            _ => Candidate::Live,
+        let new = match outcome {
+            Outcome::Inserted(new) => {
+                pinned.count(Counter::Inserts);
+                new
+            }
+            Outcome::Replaced(old, new) => {
+                pinned.count(Counter::Updates);
+                // The policy tracks the key on: our write supersedes the old one there.
+                let cause = self.cause_for(&old.value, RemovalCause::Replaced);
+                if cause == RemovalCause::Expired {
+                    pinned.count(Counter::Expirations);
+                }
+                self.notify(old, cause);
+                new
+            }
+            Outcome::Removed(_) | Outcome::Kept(..) => unreachable!("Put always stores"),
         };
-        for _ in 0..EVICTION_ATTEMPTS {
-            if self.inner.table.len() <= self.inner.max_capacity {
-                return;
-            }
-            let table = &self.inner.table;
-            let Some(victim) = self.inner.policy.victim(table, &classify, &pinned.guard) else {
-                return;
-            };
-            let kind = match classify(&victim.value) {
-                Candidate::Expired => Counter::Expirations,
-                _ => Counter::Evictions,
-            };
-            if table.remove_node(victim, &pinned.guard) {
-                pinned.count(kind);
-            }
-        }
+        self.admit(new, weight, pinned);
     }
 }
 

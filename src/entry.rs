@@ -11,18 +11,24 @@ use crate::refresh::RefreshState;
 /// Expiry of an entry that never expires.
 pub(crate) const NEVER: u64 = u64::MAX;
 
-/// One slot's content. Immutable once published, except for the policy state (see
-/// `policy/`). Every write of a key publishes a new `Entry` with a fresh version, so "the
-/// entry still has version v" identifies one write even if its address was reused.
+/// One slot's content, immutable once published except for the policy's hit counter. Every
+/// write of a key publishes a new
+/// `Entry` with a fresh version, so "the entry still has version v" identifies one write even
+/// if its address was reused.
 ///
 /// Laid out in declaration order (`repr(C)` here, on `Kind` and on `Ready`) with what a hit
-/// reads first: the policy byte, the state's discriminant, the value and its expiry, then the
-/// refresh plan (read only by `get_or_load`), then the version (read only by writers).
+/// reads first: the policy's hit counter, the state's discriminant, the value and its expiry,
+/// then the policy key, the refresh plan (read only by `get_or_load`), then the
+/// version (read only by writers).
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct Entry<V> {
     pub(crate) policy: EntryState,
     pub(crate) kind: Kind<V>,
+    /// The key's policy key: a 64-bit hash with the cache's own seeded hasher, independent of
+    /// the user's (the policy does not track a load in progress, but may still track the
+    /// write it replaced).
+    pub(crate) pkey: u64,
     pub(crate) version: u64,
 }
 
@@ -53,9 +59,16 @@ pub(crate) struct Ready<V> {
 }
 
 impl<V> Entry<V> {
-    pub(crate) fn ready(version: u64, value: V, expires_at: u64, refresh: RefreshState) -> Self {
+    pub(crate) fn ready(
+        version: u64,
+        pkey: u64,
+        value: V,
+        expires_at: u64,
+        refresh: RefreshState,
+    ) -> Self {
         Self::with_kind(
             version,
+            pkey,
             Kind::Ready(Ready {
                 value,
                 expires_at,
@@ -64,20 +77,31 @@ impl<V> Entry<V> {
         )
     }
 
-    pub(crate) fn loading(version: u64, flight: Arc<Flight<V>>) -> Self {
-        Self::with_kind(version, Kind::Loading(flight))
+    pub(crate) fn loading(version: u64, pkey: u64, flight: Arc<Flight<V>>) -> Self {
+        Self::with_kind(version, pkey, Kind::Loading(flight))
     }
 
-    pub(crate) fn failed(version: u64, error: Arc<dyn Any + Send + Sync>, expires_at: u64) -> Self {
-        Self::with_kind(version, Kind::Failed { error, expires_at })
+    pub(crate) fn failed(
+        version: u64,
+        pkey: u64,
+        error: Arc<dyn Any + Send + Sync>,
+        expires_at: u64,
+    ) -> Self {
+        Self::with_kind(version, pkey, Kind::Failed { error, expires_at })
     }
 
-    fn with_kind(version: u64, kind: Kind<V>) -> Self {
+    fn with_kind(version: u64, pkey: u64, kind: Kind<V>) -> Self {
         Entry {
             policy: EntryState::default(),
             kind,
+            pkey,
             version,
         }
+    }
+
+    /// Whether the policy tracks this entry (a value or a cached error, not a load).
+    pub(crate) fn is_tracked(&self) -> bool {
+        !matches!(self.kind, Kind::Loading(_))
     }
 
     /// The expiry of a ready value or a cached error; `None` for a load in progress.

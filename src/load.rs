@@ -24,6 +24,7 @@ use crate::entry::{Entry, Kind};
 use crate::flight::{Flight, FlightResult};
 use crate::pacing::Permit;
 use crate::refresh::RefreshState;
+use crate::removal::RemovalCause;
 use crate::stats::Counter;
 use crate::table::{Decision, Node, Outcome};
 
@@ -208,7 +209,14 @@ where
             self.inner
                 .table
                 .update(hash, |k| k.borrow() == key, None, decide, &pinned.guard);
-        matches!(outcome, Outcome::Removed(_))
+        match outcome {
+            Outcome::Removed(old) => {
+                // The policy may still track the write the load replaced.
+                self.forget_in_policy(old.value.pkey, old.value.version);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// The miss path up to the loader, for a thread: a hit, a joined flight, a cached error
@@ -334,7 +342,8 @@ where
             let seen = current.map(|n| n.value.version);
             let version = self.next_version();
             let flight = Arc::new(Flight::new(replaced));
-            let loading = Entry::loading(version, Arc::clone(&flight));
+            let pkey = self.pkey(key);
+            let loading = Entry::loading(version, pkey, Arc::clone(&flight));
             let node = Owned::new(Node::new(hash, key.clone(), loading));
             let decide = |cur: Option<&Node<K, Entry<V>>>| {
                 if cur.map(|n| n.value.version) == seen {
@@ -350,9 +359,13 @@ where
             match outcome {
                 Outcome::Inserted(_) => {}
                 Outcome::Replaced(old, _) => {
-                    if !refresh && old.value.is_expired(|| self.now()) {
+                    // The old value leaves the table (a refresh's still serves from the
+                    // flight); the policy tracks the key on until the load ends.
+                    let cause = self.cause_for(&old.value, RemovalCause::Replaced);
+                    if !refresh && cause == RemovalCause::Expired {
                         pinned.count(Counter::Expirations);
                     }
+                    self.notify(old, cause);
                 }
                 // Someone changed the key first: look again.
                 _ => continue,
@@ -368,6 +381,7 @@ where
                 cache: self.clone(),
                 key: key.clone(),
                 hash,
+                pkey,
                 version,
                 flight,
                 history,
@@ -458,7 +472,11 @@ where
                         .min(finished.saturating_add(crate::clock::duration_to_nanos(t))),
                     None => cache.default_expiry(),
                 };
-                lead.replace_loading(|| cache.ready_entry(value.clone(), expires_at, delta, 0));
+                let weight = cache.weight_of(&lead.key, &value);
+                let pkey = lead.pkey;
+                lead.replace_loading(weight, || {
+                    cache.ready_entry(pkey, value.clone(), expires_at, delta, 0)
+                });
                 lead.finish(FlightResult::Value(value.clone()));
                 Ok(value)
             }
@@ -477,9 +495,15 @@ where
                 match cache.inner.negative_ttl {
                     Some(ttl) => {
                         let expires_at = finished.saturating_add(ttl);
-                        let entry =
-                            || Entry::failed(cache.next_version(), Arc::clone(&erased), expires_at);
-                        lead.replace_loading(entry);
+                        let entry = || {
+                            Entry::failed(
+                                cache.next_version(),
+                                lead.pkey,
+                                Arc::clone(&erased),
+                                expires_at,
+                            )
+                        };
+                        lead.replace_loading(1, entry);
                     }
                     None => lead.remove_loading(),
                 }
@@ -531,6 +555,7 @@ where
     pub(crate) cache: Cache<K, V, S>,
     pub(crate) key: K,
     hash: u64,
+    pkey: u64,
     /// The version of our `Loading` entry.
     version: u64,
     pub(crate) flight: Arc<Flight<V>>,
@@ -552,7 +577,7 @@ where
 {
     /// Replaces our `Loading` entry with `make()` if the slot still holds it; returns whether
     /// it did (it did not if an insert, invalidation or forget came first).
-    fn replace_loading(&self, make: impl FnOnce() -> Entry<V>) -> bool {
+    fn replace_loading(&self, weight: u64, make: impl FnOnce() -> Entry<V>) -> bool {
         let cache = &self.cache;
         let pinned = cache.inner.domain.pin();
         let node = Owned::new(Node::new(self.hash, self.key.clone(), make()));
@@ -567,12 +592,14 @@ where
             ours,
             &pinned.guard,
         );
-        let replaced = matches!(outcome, Outcome::Replaced(..));
-        if replaced {
-            pinned.count(Counter::Inserts);
-            cache.evict_if_over_capacity(&pinned);
+        match outcome {
+            Outcome::Replaced(_, new) => {
+                pinned.count(Counter::Inserts);
+                cache.admit(new, weight, &pinned);
+                true
+            }
+            _ => false,
         }
-        replaced
     }
 
     /// What the shared tier needs to know about this load: the TTL to write a loaded value
@@ -595,10 +622,15 @@ where
             Some(n) if n.value.version == self.version => Decision::Remove,
             _ => Decision::Keep,
         };
-        self.cache
-            .inner
-            .table
-            .update(self.hash, |k| *k == self.key, None, ours, &pinned.guard);
+        let outcome =
+            self.cache
+                .inner
+                .table
+                .update(self.hash, |k| *k == self.key, None, ours, &pinned.guard);
+        if matches!(outcome, Outcome::Removed(_)) {
+            // The policy may still track the write our load replaced.
+            self.cache.forget_in_policy(self.pkey, self.version);
+        }
     }
 
     /// If the flight still serves a valid value (a refresh), puts it back with one more
@@ -609,7 +641,11 @@ where
         let until = self.flight.stale_valid_until();
         let (delta, failures) = self.history;
         let cache = self.cache.clone();
-        self.replace_loading(|| cache.ready_entry(old.clone(), until, delta, failures + 1));
+        let weight = cache.weight_of(&self.key, &old);
+        let pkey = self.pkey;
+        self.replace_loading(weight, || {
+            cache.ready_entry(pkey, old.clone(), until, delta, failures + 1)
+        });
         self.finish(FlightResult::Value(old.clone()));
         Some(old)
     }

@@ -1,41 +1,106 @@
 //! Eviction policy, behind a small internal trait so that it stays one module.
 //!
-//! A policy sees hits (through the per-entry state it owns) and chooses victims when the
-//! cache is over capacity. Its hit hook must keep hits free of shared writes in the steady
-//! state: test before set, never an unconditional store, never a shared counter.
+//! The policy (W-TinyLFU, `tinylfu.rs`) is a single-threaded structure under a lock, taken by
+//! writes (inserts, published loads) and removals, which keep its view of the table exact.
+//! Hits never take it: a hit only raises a small counter in its own entry, test before set
+//! ([`EntryState::on_hit`]), so once an entry has been hit a few times since the policy last
+//! looked at it, further hits read that byte and write nothing. When the policy considers an
+//! entry (as a victim or as a candidate leaving the window) it reads and resets the counter:
+//! the hits are folded into the frequency sketch, and an entry hit since its last look gets a
+//! second chance in its region, as in CLOCK. So hits cost what they cost under CLOCK, and the
+//! sketch still counts every key's recent popularity, resident or not.
 
-mod frequency_clock;
+mod sketch;
+mod tinylfu;
 
-pub(crate) use frequency_clock::{EntryState, FrequencyClock};
+pub(crate) use tinylfu::{Look, Probe, Victim};
 
-use crossbeam_epoch::Guard;
+use crate::sync::{AtomicU8, Mutex, Ordering};
 
-use crate::entry::Entry;
-use crate::table::{Node, Table};
+/// Hits an entry counts between two looks of the policy (more are not told apart).
+const MAX_HITS: u8 = 3;
 
-/// How the cache sees an entry when the policy considers evicting it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Candidate {
-    /// Never evict (a load in progress: its leader will publish or remove it).
-    Skip,
-    /// Expired: evict at once, whatever its frequency.
-    Expired,
-    /// Evictable by the policy's own rule.
-    Live,
+/// Per-entry policy state: hits since the policy last looked at the entry.
+#[derive(Debug, Default)]
+pub(crate) struct EntryState {
+    hits: AtomicU8,
 }
 
-/// The interface between the cache and its eviction policy.
-pub(crate) trait EvictionPolicy: Send + Sync {
-    /// Records a hit on an entry.
-    fn on_hit(&self, state: &EntryState);
+impl EntryState {
+    /// Records a hit. Test before set: an entry already at `MAX_HITS` is only read, so a hot
+    /// entry's line stays shared between the cores reading it. Relaxed: a hint, and a lost
+    /// increment between racing readers only makes the count a little low.
+    #[inline]
+    pub(crate) fn on_hit(&self) {
+        let h = self.hits.load(Ordering::Relaxed);
+        if h < MAX_HITS {
+            self.hits.store(h + 1, Ordering::Relaxed);
+        }
+    }
 
-    /// Chooses an entry to evict, preferring expired ones (`classify` says which entries are
-    /// expired or not to be touched). `None` when there is nothing to evict. The cache removes
-    /// the victim, and asks again if that raced.
-    fn victim<'g, K, V>(
-        &self,
-        table: &Table<K, Entry<V>>,
-        classify: &dyn Fn(&Entry<V>) -> Candidate,
-        guard: &'g Guard,
-    ) -> Option<&'g Node<K, Entry<V>>>;
+    /// The hits since the last look, resetting them (the policy, under its lock).
+    pub(crate) fn take_hits(&self) -> u8 {
+        if self.hits.load(Ordering::Relaxed) == 0 {
+            return 0;
+        }
+        self.hits.swap(0, Ordering::Relaxed)
+    }
+}
+
+/// What the cache needs from an eviction policy. Keys are policy keys (a seeded 64-bit hash
+/// of the key); versions identify writes and only grow.
+pub(crate) trait EvictionPolicy: Send {
+    /// The table now holds write `version` of the key, weighing `weight`; evictions needed to
+    /// stay within capacity go to `out`. `probe` reports (and resets) an entry's hits and
+    /// whether it expired; expired entries go first.
+    fn write(
+        &mut self,
+        pkey: u64,
+        hash: u64,
+        version: u64,
+        weight: u64,
+        out: &mut Vec<Victim>,
+        probe: &mut Probe<'_>,
+    );
+    /// The table no longer holds write `version` of the key, nor any older one.
+    fn remove(&mut self, pkey: u64, version: u64);
+}
+
+impl EvictionPolicy for tinylfu::Core {
+    fn write(
+        &mut self,
+        pkey: u64,
+        hash: u64,
+        version: u64,
+        weight: u64,
+        out: &mut Vec<Victim>,
+        probe: &mut Probe<'_>,
+    ) {
+        tinylfu::Core::write(self, pkey, hash, version, weight, out, probe)
+    }
+    fn remove(&mut self, pkey: u64, version: u64) {
+        tinylfu::Core::remove(self, pkey, version)
+    }
+}
+
+/// The cache's policy and its lock.
+#[derive(Debug)]
+pub(crate) struct Policy {
+    core: Mutex<tinylfu::Core>,
+}
+
+impl Policy {
+    /// A policy for `max_weight` units, seeded for its sketch.
+    pub(crate) fn new(max_weight: u64, seed: u64) -> Self {
+        Policy {
+            core: Mutex::new(tinylfu::Core::new(max_weight, seed)),
+        }
+    }
+
+    /// Runs `f` on the locked policy (a write or a removal). The policy runs no user code, so
+    /// a panic while it is held cannot leave it half-updated by a caller: it is taken over.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut dyn EvictionPolicy) -> R) -> R {
+        let mut core = self.core.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut *core)
+    }
 }

@@ -1,0 +1,151 @@
+//! TinyLFU's frequency sketch: a count-min sketch of 4-bit counters that halves itself
+//! periodically, so it estimates how often a key was seen recently.
+//!
+//! Each key maps to four counters in one 64-byte block (eight `u64` words of sixteen
+//! counters), so an update touches one cache line. Keys are the policy's own 64-bit key hash
+//! (seeded per cache, independent of the user's hasher), remixed with a per-sketch seed:
+//! keys chosen to collide in the sketch cannot be found without knowing both seeds.
+
+/// Counters saturate here.
+const MAX_COUNT: u64 = 15;
+
+/// Counters per word.
+const PER_WORD: usize = 16;
+
+#[derive(Debug)]
+pub(crate) struct Sketch {
+    /// Blocks of eight words.
+    table: Vec<[u64; 8]>,
+    block_mask: usize,
+    seed: u64,
+    /// Increments since the last halving.
+    additions: usize,
+    /// Halve every this many increments.
+    sample: usize,
+}
+
+fn mix(mut x: u64) -> u64 {
+    // SplitMix64's finaliser.
+    x ^= x >> 30;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^= x >> 27;
+    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+impl Sketch {
+    /// A sketch for a cache of `capacity` entries.
+    pub(crate) fn new(capacity: usize, seed: u64) -> Self {
+        // One 16-counter word per entry (at least 128 words), as Caffeine sizes it.
+        let words = capacity.max(128).next_power_of_two();
+        let blocks = (words / 8).max(1);
+        Sketch {
+            table: vec![[0; 8]; blocks],
+            block_mask: blocks - 1,
+            seed: mix(seed | 1),
+            additions: 0,
+            sample: capacity.max(128).saturating_mul(10),
+        }
+    }
+
+    /// The block and the four (word, counter) positions for `key`.
+    #[inline]
+    fn positions(&self, key: u64) -> (usize, [(usize, u32); 4]) {
+        let h = mix(key ^ self.seed);
+        let block = (h as usize) & self.block_mask;
+        let mut spots = [(0, 0); 4];
+        let mut bits = h >> 32;
+        for (i, spot) in spots.iter_mut().enumerate() {
+            // Row i uses words 2i and 2i + 1 of the block; 4 bits choose the counter.
+            let word = 2 * i + (bits & 1) as usize;
+            let counter = ((bits >> 1) & 0xf) as u32;
+            *spot = (word, counter * 4);
+            bits >>= 5;
+        }
+        (block, spots)
+    }
+
+    /// The estimated recent frequency of `key` (0 to 15).
+    pub(crate) fn frequency(&self, key: u64) -> u64 {
+        let (block, spots) = self.positions(key);
+        let b = &self.table[block];
+        spots
+            .iter()
+            .map(|&(w, shift)| (b[w] >> shift) & 0xf)
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// Records one occurrence of `key`.
+    pub(crate) fn increment(&mut self, key: u64) {
+        let (block, spots) = self.positions(key);
+        let b = &mut self.table[block];
+        // Every counter below the maximum is raised (not only those at the minimum: on the
+        // grid, conservative update let one-off keys displace looping ones more often).
+        let min = spots
+            .iter()
+            .map(|&(w, shift)| (b[w] >> shift) & 0xf)
+            .min()
+            .unwrap_or(0);
+        if min == MAX_COUNT {
+            return;
+        }
+        for &(w, shift) in &spots {
+            if (b[w] >> shift) & 0xf < MAX_COUNT {
+                b[w] += 1 << shift;
+            }
+        }
+        self.additions += 1;
+        if self.additions >= self.sample {
+            self.halve();
+        }
+    }
+
+    /// Ages every counter by half.
+    fn halve(&mut self) {
+        const LOW_BITS: u64 = 0x7777_7777_7777_7777;
+        for block in &mut self.table {
+            for w in block.iter_mut() {
+                *w = (*w >> 1) & LOW_BITS;
+            }
+        }
+        self.additions /= 2;
+    }
+}
+
+const _: () = assert!(PER_WORD * 4 == 64);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_saturate_and_age() {
+        let mut s = Sketch::new(1_000, 7);
+        for _ in 0..20 {
+            s.increment(42);
+        }
+        assert_eq!(s.frequency(42), MAX_COUNT);
+        assert_eq!(s.frequency(43), 0);
+        s.halve();
+        assert_eq!(s.frequency(42), MAX_COUNT / 2);
+    }
+
+    #[test]
+    fn frequent_keys_outrank_rare_ones_among_many() {
+        let mut s = Sketch::new(512, 1);
+        for round in 0..8u64 {
+            for k in 0..2_000u64 {
+                s.increment(k * 0x9e37_79b9 + round * 1_000_003); // one-off keys
+            }
+            for _ in 0..4 {
+                s.increment(1);
+            }
+        }
+        assert!(s.frequency(1) >= 8, "{}", s.frequency(1));
+        let rare = (0..100u64)
+            .filter(|k| s.frequency(k * 0x9e37_79b9 + 5) >= 8)
+            .count();
+        assert!(rare < 10, "{rare} one-off keys look frequent");
+    }
+}

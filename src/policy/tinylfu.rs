@@ -1,0 +1,621 @@
+//! W-TinyLFU (Einziger, Friedman and Manes, "TinyLFU: A Highly Efficient Cache Admission
+//! Policy"), with the window sized by hill climbing as in Caffeine: new entries enter a small
+//! LRU window; an entry leaving the window joins the main space (segmented LRU: probation,
+//! then protected once hit again) only if the frequency sketch says it is more popular than
+//! the main space's victim. The window's share of the capacity climbs toward whichever size
+//! gave the better hit ratio over the last sample, so recency-heavy workloads get a large
+//! window and frequency-heavy ones a small one.
+//!
+//! Single-threaded: the cache runs it under a lock, fed by writes and by batches of reads.
+//! Entries are known by their policy key (a seeded 64-bit hash of the key) and by the
+//! version of the write that put them in the table.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use super::sketch::Sketch;
+
+const NIL: u32 = u32::MAX;
+
+/// The window's initial share of the capacity.
+const WINDOW_START: f64 = 0.01;
+/// The protected segment's share of the main space.
+const PROTECTED_SHARE: f64 = 0.80;
+/// Hill climbing: first step (share of the capacity), its decay per sample, and the change of
+/// hit ratio that restarts it.
+const STEP_START: f64 = 0.0625;
+const STEP_DECAY: f64 = 0.98;
+const RESTART_AT: f64 = 0.05;
+/// A candidate at least this frequent but not more frequent than the victim is still admitted
+/// with probability 1/128, so that an attacker cannot pin the main space with keys whose
+/// estimates it inflated.
+const HASHDOS_FLOOR: u64 = 6;
+/// A candidate must be seen more than this many times more often than the victim to replace
+/// it. The sketch halves all its counters at once, so for a while after each halving a
+/// candidate just counted looks one higher than an equally frequent victim not yet counted
+/// again; without the margin, keys read in a loop displace each other after every halving.
+/// Measured on the hit-ratio grid: +0.9 points on the mean, and the loop and scan traces at
+/// small capacities from 0% to near their optimum.
+const ADMIT_MARGIN: u64 = 1;
+/// Accesses per hill-climbing sample: ten per entry of capacity, at least this many.
+const CLIMB_SAMPLE_MIN: u64 = 300;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Region {
+    Window = 0,
+    Probation = 1,
+    Protected = 2,
+}
+
+#[derive(Debug, Clone)]
+struct PNode {
+    pkey: u64,
+    hash: u64,
+    version: u64,
+    weight: u64,
+    region: Region,
+    prev: u32,
+    next: u32,
+}
+
+/// A doubly linked list through `nodes`: `head` is the least recently used.
+#[derive(Debug, Clone, Copy)]
+struct List {
+    head: u32,
+    tail: u32,
+    weight: u64,
+}
+
+impl Default for List {
+    fn default() -> Self {
+        List {
+            head: NIL,
+            tail: NIL,
+            weight: 0,
+        }
+    }
+}
+
+/// Policy keys are already uniformly distributed: use them as they are.
+#[derive(Debug, Default)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// An entry the policy chose to evict: the caller removes it from the table if the table
+/// still holds that write (`version`) or an older one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Victim {
+    pub(crate) pkey: u64,
+    pub(crate) hash: u64,
+    pub(crate) version: u64,
+}
+
+/// What the cache reports of a tracked entry when the policy looks at it: the hits since the
+/// last look (counted in the entry, see `policy/mod.rs`; the look resets them) and whether it
+/// has expired. An entry the table no longer holds reports no hits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Look {
+    pub(crate) hits: u8,
+    pub(crate) expired: bool,
+}
+
+/// The cache's side of a look.
+pub(crate) type Probe<'a> = dyn FnMut(&Victim) -> Look + 'a;
+
+/// Hit ratio per sample, steering the window's size.
+#[derive(Debug)]
+struct Climber {
+    hits: u64,
+    misses: u64,
+    sample: u64,
+    previous: f64,
+    step: f64,
+}
+
+#[derive(Debug)]
+pub(crate) struct Core {
+    nodes: Vec<PNode>,
+    free: Vec<u32>,
+    index: HashMap<u64, u32, BuildHasherDefault<IdHasher>>,
+    lists: [List; 3],
+    sketch: Sketch,
+    max: u64,
+    window_max: u64,
+    protected_max: u64,
+    climber: Climber,
+    rng: u64,
+}
+
+impl Core {
+    /// A policy for `max` weight units (entries, without a weigher).
+    pub(crate) fn new(max: u64, seed: u64) -> Self {
+        let mut core = Core {
+            nodes: Vec::new(),
+            free: Vec::new(),
+            index: HashMap::default(),
+            lists: [List::default(); 3],
+            sketch: Sketch::new(max.min(1 << 24) as usize, seed),
+            max,
+            window_max: 0,
+            protected_max: 0,
+            climber: Climber {
+                hits: 0,
+                misses: 0,
+                // Long enough to measure, short enough to adapt within a trace.
+                sample: (max.saturating_mul(10)).clamp(CLIMB_SAMPLE_MIN, 1 << 20),
+                previous: -1.0,
+                step: STEP_START * max as f64,
+            },
+            rng: seed | 1,
+        };
+        // At least one entry's window, as Caffeine sizes it.
+        core.set_window(max - (max as f64 * (1.0 - WINDOW_START)) as u64);
+        core
+    }
+
+    fn set_window(&mut self, window: u64) {
+        self.window_max = window.min(self.max);
+        let main = self.max - self.window_max;
+        self.protected_max = (main as f64 * PROTECTED_SHARE) as u64;
+    }
+
+    /// Total weight held.
+    pub(crate) fn weight(&self) -> u64 {
+        self.lists.iter().map(|l| l.weight).sum()
+    }
+
+    /// Entries held.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Whether the policy holds this write of the key (or a newer one).
+    #[cfg(test)]
+    pub(crate) fn holds(&self, pkey: u64) -> Option<u64> {
+        self.index
+            .get(&pkey)
+            .map(|&i| self.nodes[i as usize].version)
+    }
+
+    /// A write that the table now holds: a new key, or a new value (or weight) for a key.
+    /// Evicts to stay within the capacity, pushing the victims to `out`.
+    /// `probe` looks at a tracked entry: its hits since the last look (folded into the
+    /// sketch, and a second chance in its region) and whether it has expired (evicted without
+    /// a duel, before live ones).
+    pub(crate) fn write(
+        &mut self,
+        pkey: u64,
+        hash: u64,
+        version: u64,
+        weight: u64,
+        out: &mut Vec<Victim>,
+        probe: &mut Probe<'_>,
+    ) {
+        // Second chances given in this call: each resets the entry's hits, so a pass over
+        // every entry ends them; the bound also covers hits arriving meanwhile.
+        let mut budget = 2 * self.index.len() + 16;
+        self.sketch.increment(pkey);
+        match self.index.get(&pkey) {
+            Some(&i) => {
+                let n = &mut self.nodes[i as usize];
+                if n.version > version {
+                    return; // an older write, reported late: the newer one stands
+                }
+                n.version = version;
+                n.hash = hash;
+                let (region, old) = (n.region, n.weight);
+                n.weight = weight;
+                let list = &mut self.lists[region as usize];
+                list.weight = list.weight - old + weight;
+                self.touch(i, probe, &mut budget);
+            }
+            None => {
+                self.climber.misses += 1;
+                let i = self.alloc(PNode {
+                    pkey,
+                    hash,
+                    version,
+                    weight,
+                    region: Region::Window,
+                    prev: NIL,
+                    next: NIL,
+                });
+                self.index.insert(pkey, i);
+                self.push(i, Region::Window);
+                self.climb(probe, &mut budget);
+            }
+        }
+        self.make_room(out, probe, &mut budget);
+    }
+
+    /// The table no longer holds the key's write `version` (nor, then, any older one).
+    pub(crate) fn remove(&mut self, pkey: u64, version: u64) {
+        if let Some(&i) = self.index.get(&pkey) {
+            if self.nodes[i as usize].version <= version {
+                self.unlink(i);
+                self.release(i);
+            }
+        }
+    }
+
+    fn alloc(&mut self, node: PNode) -> u32 {
+        match self.free.pop() {
+            Some(i) => {
+                self.nodes[i as usize] = node;
+                i
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+        }
+    }
+
+    fn release(&mut self, i: u32) {
+        let pkey = self.nodes[i as usize].pkey;
+        self.index.remove(&pkey);
+        self.free.push(i);
+    }
+
+    fn push(&mut self, i: u32, region: Region) {
+        let tail = self.lists[region as usize].tail;
+        {
+            let n = &mut self.nodes[i as usize];
+            n.region = region;
+            n.prev = tail;
+            n.next = NIL;
+        }
+        match tail {
+            NIL => self.lists[region as usize].head = i,
+            t => self.nodes[t as usize].next = i,
+        }
+        let list = &mut self.lists[region as usize];
+        list.tail = i;
+        list.weight += self.nodes[i as usize].weight;
+    }
+
+    fn unlink(&mut self, i: u32) {
+        let (prev, next, region, weight) = {
+            let n = &self.nodes[i as usize];
+            (n.prev, n.next, n.region, n.weight)
+        };
+        match prev {
+            NIL => self.lists[region as usize].head = next,
+            p => self.nodes[p as usize].next = next,
+        }
+        match next {
+            NIL => self.lists[region as usize].tail = prev,
+            n => self.nodes[n as usize].prev = prev,
+        }
+        self.lists[region as usize].weight -= weight;
+    }
+
+    /// A rewrite of a tracked key: most recently used in its region, and promoted from
+    /// probation to protected.
+    fn touch(&mut self, i: u32, probe: &mut Probe<'_>, budget: &mut usize) {
+        let region = self.nodes[i as usize].region;
+        self.unlink(i);
+        match region {
+            Region::Window => self.push(i, Region::Window),
+            Region::Probation | Region::Protected => {
+                self.push(i, Region::Protected);
+                self.demote_overflow(probe, budget);
+            }
+        }
+    }
+
+    /// Looks at entry `i`: folds its hits into the sketch (and the climber's count).
+    fn look(&mut self, i: u32, probe: &mut Probe<'_>) -> Look {
+        let look = probe(&self.victim(i));
+        let pkey = self.nodes[i as usize].pkey;
+        for _ in 0..look.hits {
+            self.sketch.increment(pkey);
+        }
+        self.climber.hits += u64::from(look.hits);
+        look
+    }
+
+    /// Keeps the protected segment within its share: its oldest go back to probation, unless
+    /// they were hit since the last look (then they go round again).
+    fn demote_overflow(&mut self, probe: &mut Probe<'_>, budget: &mut usize) {
+        while self.lists[Region::Protected as usize].weight > self.protected_max {
+            let oldest = self.lists[Region::Protected as usize].head;
+            if oldest == NIL {
+                break;
+            }
+            let look = self.look(oldest, probe);
+            self.unlink(oldest);
+            if look.hits > 0 && !look.expired && *budget > 0 {
+                *budget -= 1;
+                self.push(oldest, Region::Protected);
+            } else {
+                self.push(oldest, Region::Probation);
+            }
+        }
+    }
+
+    fn main_weight(&self) -> u64 {
+        self.lists[Region::Probation as usize].weight
+            + self.lists[Region::Protected as usize].weight
+    }
+
+    /// The main space's next victim: probation's oldest, else protected's.
+    fn main_victim(&self) -> u32 {
+        match self.lists[Region::Probation as usize].head {
+            NIL => self.lists[Region::Protected as usize].head,
+            v => v,
+        }
+    }
+
+    fn victim(&self, i: u32) -> Victim {
+        let n = &self.nodes[i as usize];
+        Victim {
+            pkey: n.pkey,
+            hash: n.hash,
+            version: n.version,
+        }
+    }
+
+    fn evict(&mut self, i: u32, out: &mut Vec<Victim>) {
+        out.push(self.victim(i));
+        self.unlink(i);
+        self.release(i);
+    }
+
+    fn next_random(&mut self) -> u64 {
+        // xorshift64: only for the rare hash-flooding admission.
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng
+    }
+
+    /// TinyLFU's admission: whether the candidate should replace the victim.
+    fn admit(&mut self, candidate: u32, victim: u32) -> bool {
+        let c = self.sketch.frequency(self.nodes[candidate as usize].pkey);
+        let v = self.sketch.frequency(self.nodes[victim as usize].pkey);
+        if c > v + ADMIT_MARGIN {
+            true
+        } else if c >= HASHDOS_FLOOR {
+            self.next_random() & 127 == 0
+        } else {
+            false
+        }
+    }
+
+    fn make_room(&mut self, out: &mut Vec<Victim>, probe: &mut Probe<'_>, budget: &mut usize) {
+        // The window's overflow goes to the main space, through admission once it is full.
+        // The window and the main space are LRU lists whose hits are seen late (at a look),
+        // so an entry hit since its last look gets a second chance, as in CLOCK.
+        while self.lists[Region::Window as usize].weight > self.window_max {
+            let c = self.lists[Region::Window as usize].head;
+            if c == NIL {
+                break;
+            }
+            let lc = self.look(c, probe);
+            self.unlink(c);
+            if lc.expired {
+                self.push(c, Region::Probation);
+                self.evict(c, out);
+                continue;
+            }
+            if lc.hits > 0 && *budget > 0 {
+                *budget -= 1;
+                self.push(c, Region::Window);
+                continue;
+            }
+            let main_max = self.max - self.window_max;
+            let cw = self.nodes[c as usize].weight;
+            loop {
+                if self.main_weight() + cw <= main_max {
+                    self.push(c, Region::Probation);
+                    break;
+                }
+                let v = self.main_victim();
+                if v == NIL {
+                    // Heavier than the whole main space: it cannot stay.
+                    self.push(c, Region::Probation);
+                    break;
+                }
+                let lv = self.look(v, probe);
+                if lv.expired {
+                    self.evict(v, out);
+                    continue;
+                }
+                if lv.hits > 0 && *budget > 0 {
+                    // Hit since its last look: it is not the least recently used after all.
+                    *budget -= 1;
+                    self.unlink(v);
+                    self.push(v, Region::Protected);
+                    self.demote_overflow(probe, budget);
+                    continue;
+                }
+                if self.admit(c, v) {
+                    self.evict(v, out);
+                } else {
+                    // Back in place only to leave through `evict`'s bookkeeping.
+                    self.push(c, Region::Probation);
+                    self.evict(c, out);
+                    break;
+                }
+            }
+        }
+        // Over in total still (a heavy entry, or a window that just grew): main space first.
+        while self.weight() > self.max {
+            let v = match self.main_victim() {
+                NIL => self.lists[Region::Window as usize].head,
+                v => v,
+            };
+            if v == NIL {
+                break;
+            }
+            self.evict(v, out);
+        }
+    }
+
+    /// Hill climbing: after each sample, move the window's size in the direction that raised
+    /// the hit ratio.
+    fn climb(&mut self, probe: &mut Probe<'_>, budget: &mut usize) {
+        let c = &mut self.climber;
+        if c.hits + c.misses < c.sample {
+            return;
+        }
+        let rate = c.hits as f64 / (c.hits + c.misses) as f64;
+        c.hits = 0;
+        c.misses = 0;
+        if c.previous < 0.0 {
+            c.previous = rate;
+            return;
+        }
+        let change = rate - c.previous;
+        let amount = if change >= 0.0 { c.step } else { -c.step };
+        c.step = if change.abs() >= RESTART_AT {
+            STEP_START * self.max as f64 * amount.signum()
+        } else {
+            STEP_DECAY * amount
+        };
+        c.previous = rate;
+        let window = (self.window_max as f64 + amount).clamp(0.0, self.max as f64);
+        self.set_window(window.round() as u64);
+        self.demote_overflow(probe, budget);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Hits recorded in the test's "entries", reported (and reset) at a look.
+    #[derive(Default)]
+    struct Entries(HashMap<u64, u8>);
+
+    impl Entries {
+        fn hit(&mut self, key: u64) {
+            let h = self.0.entry(key).or_default();
+            *h = (*h + 1).min(3);
+        }
+        fn look(&mut self, v: &Victim) -> Look {
+            Look {
+                hits: self.0.remove(&v.pkey).unwrap_or(0),
+                expired: false,
+            }
+        }
+    }
+
+    fn write_w(core: &mut Core, e: &mut Entries, key: u64, version: u64, w: u64) -> Vec<Victim> {
+        let mut out = Vec::new();
+        core.write(key, key, version, w, &mut out, &mut |v| e.look(v));
+        out
+    }
+
+    fn write(core: &mut Core, e: &mut Entries, key: u64, version: u64) -> Vec<Victim> {
+        write_w(core, e, key, version, 1)
+    }
+
+    #[test]
+    fn stays_within_capacity_and_reports_each_victim_once() {
+        let mut core = Core::new(50, 3);
+        let mut e = Entries::default();
+        let mut held = std::collections::HashSet::new();
+        for v in 0..1_000u64 {
+            let key = v * 7 % 300;
+            held.insert(key);
+            if v % 3 == 0 {
+                e.hit(v % 40);
+            }
+            for victim in write(&mut core, &mut e, key, v) {
+                assert!(
+                    held.remove(&victim.pkey),
+                    "victim {victim:?} reported twice"
+                );
+            }
+            assert!(core.weight() <= 50);
+            assert_eq!(core.len(), held.len());
+        }
+    }
+
+    #[test]
+    fn a_scan_does_not_flush_frequently_read_keys() {
+        let mut core = Core::new(100, 9);
+        let mut e = Entries::default();
+        let mut v = 0;
+        for k in 0..50 {
+            v += 1;
+            write(&mut core, &mut e, k, v);
+        }
+        // One-off keys stream through while the hot keys keep being read.
+        for (i, k) in (1_000..21_000).enumerate() {
+            v += 1;
+            e.hit(i as u64 % 50);
+            write(&mut core, &mut e, k, v);
+        }
+        let survivors = (0..50).filter(|k| core.holds(*k).is_some()).count();
+        assert!(
+            survivors >= 45,
+            "only {survivors} of 50 hot keys survived the scan"
+        );
+    }
+
+    #[test]
+    fn a_late_report_of_an_older_write_is_ignored() {
+        let mut core = Core::new(10, 1);
+        let mut e = Entries::default();
+        write(&mut core, &mut e, 1, 5);
+        write(&mut core, &mut e, 1, 3);
+        assert_eq!(core.holds(1), Some(5));
+        core.remove(1, 4);
+        assert_eq!(
+            core.holds(1),
+            Some(5),
+            "removing an older write keeps the newer"
+        );
+        core.remove(1, 5);
+        assert_eq!(core.holds(1), None);
+    }
+
+    #[test]
+    fn expired_entries_go_before_live_ones() {
+        let mut core = Core::new(4, 1);
+        for k in 0..4 {
+            write(&mut core, &mut Entries::default(), k, k);
+        }
+        let mut out = Vec::new();
+        core.write(9, 9, 9, 1, &mut out, &mut |v| Look {
+            hits: 0,
+            expired: v.pkey == 0,
+        });
+        // 0 is the main space's victim: expired, it goes without a duel (which the candidate
+        // leaving the window, 3, would have lost: it is no more frequent than 0).
+        assert_eq!(out.iter().map(|v| v.pkey).collect::<Vec<_>>(), [0]);
+        assert!(core.holds(3).is_some() && core.holds(9).is_some());
+    }
+
+    #[test]
+    fn weights_count_against_the_capacity() {
+        let mut core = Core::new(10, 1);
+        let mut e = Entries::default();
+        assert!(write_w(&mut core, &mut e, 1, 1, 4).is_empty());
+        assert!(write_w(&mut core, &mut e, 2, 2, 4).is_empty());
+        assert_eq!(write_w(&mut core, &mut e, 3, 3, 4).len(), 1);
+        assert!(core.weight() <= 10);
+        // Heavier than the whole cache: evicted at once.
+        let out = write_w(&mut core, &mut e, 4, 4, 11);
+        assert!(out.iter().any(|v| v.pkey == 4));
+        assert!(core.weight() <= 10);
+    }
+}

@@ -1,0 +1,202 @@
+//! What happens when an entry leaves the table: the policy forgets it, the counters count it,
+//! and the eviction listener hears about a value that left; and, for a published write, the
+//! policy learns of it and names the victims that make room for it.
+
+use std::fmt;
+use std::hash::{BuildHasher, Hash};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use crate::cache::Cache;
+use crate::clock::OnceNow;
+use crate::entry::{Entry, Kind};
+use crate::local::Pinned;
+use crate::policy::{Look, Victim};
+use crate::stats::Counter;
+use crate::table::{Decision, Node, Outcome};
+
+/// Why a value left the cache, as told to the
+/// [`eviction_listener`](crate::CacheBuilder::eviction_listener).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RemovalCause {
+    /// Evicted to keep the cache within its capacity.
+    Size,
+    /// It had expired (removed when read, replaced by a load, or chosen for eviction).
+    Expired,
+    /// Removed by [`invalidate`](Cache::invalidate) or
+    /// [`invalidate_all`](Cache::invalidate_all).
+    Invalidated,
+    /// Replaced by an [`insert`](Cache::insert) of the same key, or by a load or early
+    /// refresh of it (the refresh's old value leaves the table when the refresh starts, though
+    /// readers keep being served it until the new one arrives).
+    Replaced,
+}
+
+/// The user's eviction listener.
+pub(crate) type Listener<K, V> = Arc<dyn Fn(&K, &V, RemovalCause) + Send + Sync>;
+/// The user's weigher.
+pub(crate) type Weigher<K, V> = Arc<dyn Fn(&K, &V) -> u32 + Send + Sync>;
+
+/// The optional user hooks on entries.
+pub(crate) struct Hooks<K, V> {
+    pub(crate) weigher: Option<Weigher<K, V>>,
+    pub(crate) listener: Option<Listener<K, V>>,
+}
+
+impl<K, V> Clone for Hooks<K, V> {
+    fn clone(&self) -> Self {
+        Hooks {
+            weigher: self.weigher.clone(),
+            listener: self.listener.clone(),
+        }
+    }
+}
+
+impl<K, V> Default for Hooks<K, V> {
+    fn default() -> Self {
+        Hooks {
+            weigher: None,
+            listener: None,
+        }
+    }
+}
+
+impl<K, V> fmt::Debug for Hooks<K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hooks")
+            .field("weigher", &self.weigher.is_some())
+            .field("listener", &self.listener.is_some())
+            .finish()
+    }
+}
+
+impl<K, V, S> Cache<K, V, S>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    V: Send + Sync + 'static,
+    S: BuildHasher,
+{
+    /// The policy key of `key` (any borrowed form hashes alike).
+    #[inline]
+    pub(crate) fn pkey<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
+        self.inner.pkeys.hash_one(key)
+    }
+
+    /// The weight of a value for `key` (1 without a weigher). Runs user code: call it before
+    /// touching the table, so that a panic leaves nothing half done.
+    pub(crate) fn weight_of(&self, key: &K, value: &V) -> u64 {
+        match &self.inner.hooks.weigher {
+            Some(w) => u64::from(w(key, value)),
+            None => 1,
+        }
+    }
+
+    /// Tells the listener that `entry`'s value left the cache, if it held one. A panic in the
+    /// listener is caught and dropped: the cache's state is already consistent.
+    pub(crate) fn notify(&self, node: &Node<K, Entry<V>>, cause: RemovalCause) {
+        if let (Some(listen), Kind::Ready(r)) = (&self.inner.hooks.listener, &node.value.kind) {
+            let _ = catch_unwind(AssertUnwindSafe(|| listen(&node.key, &r.value, cause)));
+        }
+    }
+
+    /// `cause`, or `Expired` if the entry had expired.
+    pub(crate) fn cause_for(&self, entry: &Entry<V>, cause: RemovalCause) -> RemovalCause {
+        if entry.is_expired(|| self.now()) {
+            RemovalCause::Expired
+        } else {
+            cause
+        }
+    }
+
+    /// Tells the policy that the table no longer holds `entry` (removed by the caller).
+    pub(crate) fn forget_in_policy(&self, pkey: u64, version: u64) {
+        self.inner.policy.with(|p| p.remove(pkey, version));
+    }
+
+    /// An entry the caller removed from the table: the policy forgets it, it is counted, and
+    /// the listener hears of its value.
+    pub(crate) fn removed(
+        &self,
+        node: &Node<K, Entry<V>>,
+        cause: RemovalCause,
+        pinned: &Pinned<'_>,
+    ) {
+        let entry = &node.value;
+        // A load in progress too: the policy may still track the write it replaced.
+        self.forget_in_policy(entry.pkey, entry.version);
+        let cause = self.cause_for(entry, cause);
+        match cause {
+            RemovalCause::Expired => pinned.count(Counter::Expirations),
+            RemovalCause::Invalidated if entry.live_value(|| self.now()).is_some() => {
+                pinned.count(Counter::Invalidations)
+            }
+            _ => {}
+        }
+        self.notify(node, cause);
+    }
+
+    /// Tells the policy that the table now holds `node` (just published by the caller, with
+    /// `weight`), and evicts what the policy chooses to stay within capacity.
+    pub(crate) fn admit(&self, node: &Node<K, Entry<V>>, weight: u64, pinned: &Pinned<'_>) {
+        let guard = &pinned.guard;
+        let table = &self.inner.table;
+        let mut evicted: Vec<&Node<K, Entry<V>>> = Vec::new();
+        self.inner.policy.with(|policy| {
+            // Only a write the table still holds is tracked; a later write (or a removal)
+            // reports itself under this lock after us. The node cannot have been freed and
+            // its address reused: our guard has been held since it was published.
+            let current = table.get(node.hash, |k| std::ptr::eq(k, &node.key), guard);
+            if !current.is_some_and(|c| std::ptr::eq(c, node)) {
+                return;
+            }
+            let mut victims = Vec::new();
+            let entry = &node.value;
+            let now = OnceNow::new(&self.inner.clock);
+            let mut probe = |v: &Victim| match table.get(v.hash, |k| self.pkey(k) == v.pkey, guard)
+            {
+                Some(n) => Look {
+                    hits: n.value.policy.take_hits(),
+                    expired: n.value.is_expired(|| now.get()),
+                },
+                None => Look::default(),
+            };
+            policy.write(
+                entry.pkey,
+                node.hash,
+                entry.version,
+                weight,
+                &mut victims,
+                &mut probe,
+            );
+            for v in victims {
+                // The victim's write, or an older one it replaced, never a load in progress
+                // or a newer write (that one reports itself, and the policy tracks it anew).
+                let outcome = table.update(
+                    v.hash,
+                    |k| self.pkey(k) == v.pkey,
+                    None,
+                    |cur| match cur {
+                        Some(n) if n.value.is_tracked() && n.value.version <= v.version => {
+                            Decision::Remove
+                        }
+                        _ => Decision::Keep,
+                    },
+                    guard,
+                );
+                if let Outcome::Removed(old) = outcome {
+                    evicted.push(old);
+                }
+            }
+        });
+        // Outside the lock: the listener is user code.
+        for old in evicted {
+            let cause = self.cause_for(&old.value, RemovalCause::Size);
+            pinned.count(match cause {
+                RemovalCause::Expired => Counter::Expirations,
+                _ => Counter::Evictions,
+            });
+            self.notify(old, cause);
+        }
+    }
+}
