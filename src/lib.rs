@@ -2,7 +2,8 @@
 //!
 //! herdcache is for keys that are read tens of thousands of times a second: a hit takes no
 //! lock and, once an entry is hot, writes no memory that another core writes. The cache is
-//! bounded by entry count and evicts with a CLOCK policy whose reads stay write-free.
+//! bounded by entry count (or total weight) and evicts with W-TinyLFU, whose hits stay
+//! write-free.
 //!
 //! # Getting started
 //!
@@ -179,13 +180,39 @@
 //! [`Clock`]: the [`SystemClock`] by default, or a [`ManualClock`] that tests advance by hand.
 //! The clock is read only for entries that can expire.
 //!
-//! # Capacity
+//! # Capacity and eviction
 //!
-//! The cache holds at most [`max_capacity`](CacheBuilder::max_capacity) entries, except
-//! transiently: each inserting thread adds its entry and then evicts, so while inserts race
-//! the count may exceed the capacity by at most the number of threads inserting at that
-//! moment. Eviction prefers expired entries, then entries that have not been read since the
-//! policy's hand last passed them.
+//! The cache holds at most [`max_capacity`](CacheBuilder::max_capacity) entries, or with a
+//! [`weigher`](CacheBuilder::weigher) that much total weight, except transiently: each
+//! inserting thread stores its entry and then evicts, so while inserts race the cache may
+//! exceed its capacity by the entries of the threads inserting at that moment.
+//!
+//! The policy is W-TinyLFU: new entries enter a small window; one leaving the window takes a
+//! place in the main space only if a frequency sketch says its key has recently been asked
+//! for more often than the key it would displace. So a scan of one-off keys cannot flush the
+//! keys that are read all the time, and the window's size adapts (hill climbing) between
+//! recency- and frequency-heavy workloads. Expired entries are evicted first. A hit only
+//! raises a small counter in its entry, test before set, which the policy reads when it next
+//! considers that entry: hits take no lock and, once an entry is warm, write nothing.
+//!
+//! An [`eviction_listener`](CacheBuilder::eviction_listener) is told of every value that
+//! leaves the cache, with a [`RemovalCause`]:
+//!
+//! ```
+//! use std::sync::{Arc, Mutex};
+//! let evicted = Arc::new(Mutex::new(Vec::new()));
+//! let log = evicted.clone();
+//! let cache = herdcache::Cache::builder()
+//!     .max_capacity(2)
+//!     .eviction_listener(move |k: &u32, _v: &u32, cause| log.lock().unwrap().push((*k, cause)))
+//!     .build()?;
+//! for k in 0..5 {
+//!     cache.insert(k, k);
+//! }
+//! assert_eq!(evicted.lock().unwrap().len(), 3);
+//! assert!(cache.entry_count() <= 2);
+//! # Ok::<(), herdcache::BuildError>(())
+//! ```
 //!
 //! # Consistency
 //!
