@@ -356,6 +356,12 @@ impl<K, V: 'static> RedisTier<K, V> {
         }
     }
 
+    /// The Redis keys and lock token for one coordinated load of `key`, or `None` while
+    /// Redis is being skipped after a failure.
+    fn begin(&self, key: &K) -> Option<(String, String, String)> {
+        (!self.health.is_down()).then(|| self.keys(key))
+    }
+
     /// A thread's coordinated load: `load` runs at most once, on this thread.
     pub(crate) fn load_sync<E>(
         &self,
@@ -365,22 +371,23 @@ impl<K, V: 'static> RedisTier<K, V> {
         count: &(dyn Fn(Counter) + Sync),
         load: impl FnOnce() -> Result<V, E>,
     ) -> Fetched<V, E> {
-        if self.health.is_down() {
+        let Some(keys) = self.begin(key) else {
             return Fetched {
                 result: load(),
                 ttl: None,
             };
-        }
-        let keys = self.keys(key);
+        };
         let hooks = TierHooks {
             codec: &*self.codec,
             count,
         };
-        let plan = self.plan(&keys, ttl, refreshing);
-        let out = block_on(protocol::coordinate(&self.sync, &hooks, plan, async {
-            load()
-        }));
-        self.finish(out, count)
+        let coordinated = protocol::coordinate(
+            &self.sync,
+            &hooks,
+            self.plan(&keys, ttl, refreshing),
+            async { load() },
+        );
+        self.finish(block_on(coordinated), count)
     }
 
     /// A future's coordinated load: `load` is awaited at most once.
@@ -395,13 +402,12 @@ impl<K, V: 'static> RedisTier<K, V> {
     where
         L: Future<Output = Result<V, E>>,
     {
-        if self.health.is_down() {
+        let Some(keys) = self.begin(key) else {
             return Fetched {
                 result: load.await,
                 ttl: None,
             };
-        }
-        let keys = self.keys(key);
+        };
         let hooks = TierHooks {
             codec: &*self.codec,
             count,

@@ -182,12 +182,13 @@ fn throughput_section(t: &[Throughput], out_dir: &Path, md: &mut String) {
     let _ = writeln!(
         md,
         "What a herdcache hit does beyond a map lookup: it checks the entry's state and expiry, \
-         runs the eviction policy's hit hook (a test-before-set of a frequency byte) and bumps \
+         runs the eviction policy's hit hook (a test-before-set of the entry's hit counter) and bumps \
          this thread's hit counter; `cargo bench --bench hit_path` and cachegrind put the \
          rest of the difference to papaya in the epoch pin (crossbeam-epoch's pin is a locked \
          instruction; papaya's collector pins with a lighter fence). The writes \
-         (`mixed_90_10`, `insert_churn`) pay for one allocation and one retirement per insert \
-         and the eviction sweep.\n"
+         (`mixed_90_10`, `insert_churn`) pay for one allocation and one retirement per insert, \
+         and take the eviction policy's lock (W-TinyLFU's bookkeeping and a few table lookups \
+         per insert); that lock is why inserts do not scale.\n"
     );
 }
 
