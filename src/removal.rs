@@ -141,8 +141,11 @@ where
     pub(crate) fn admit(&self, node: &Node<K, Entry<V>>, weight: u64, pinned: &Pinned<'_>) {
         let guard = &pinned.guard;
         let table = &self.inner.table;
-        let mut evicted: Vec<&Node<K, Entry<V>>> = Vec::new();
-        self.inner.policy.with(|policy| {
+        // Collected for the listener, which must run outside the lock; without one, nothing
+        // is collected (and nothing allocated).
+        let listening = self.inner.hooks.listener.is_some();
+        let mut evicted: Vec<(&Node<K, Entry<V>>, RemovalCause)> = Vec::new();
+        self.inner.policy.with_scratch(|policy, victims| {
             // Only a write the table still holds is tracked; a later write (or a removal)
             // reports itself under this lock after us. The node cannot have been freed and
             // its address reused: our guard has been held since it was published.
@@ -150,7 +153,6 @@ where
             if !current.is_some_and(|c| std::ptr::eq(c, node)) {
                 return;
             }
-            let mut victims = Vec::new();
             let entry = &node.value;
             let now = OnceNow::new(&self.inner.clock);
             let mut probe = |v: &Victim| match table.get(v.hash, |k| self.pkey(k) == v.pkey, guard)
@@ -166,10 +168,10 @@ where
                 node.hash,
                 entry.version,
                 weight,
-                &mut victims,
+                victims,
                 &mut probe,
             );
-            for v in victims {
+            for v in victims.iter() {
                 // The victim's write, or an older one it replaced, never a load in progress
                 // or a newer write (that one reports itself, and the policy tracks it anew).
                 let outcome = table.update(
@@ -185,17 +187,21 @@ where
                     guard,
                 );
                 if let Outcome::Removed(old) = outcome {
-                    evicted.push(old);
+                    let cause = if old.value.is_expired(|| now.get()) {
+                        pinned.count(Counter::Expirations);
+                        RemovalCause::Expired
+                    } else {
+                        pinned.count(Counter::Evictions);
+                        RemovalCause::Size
+                    };
+                    if listening {
+                        evicted.push((old, cause));
+                    }
                 }
             }
         });
         // Outside the lock: the listener is user code.
-        for old in evicted {
-            let cause = self.cause_for(&old.value, RemovalCause::Size);
-            pinned.count(match cause {
-                RemovalCause::Expired => Counter::Expirations,
-                _ => Counter::Evictions,
-            });
+        for (old, cause) in evicted {
             self.notify(old, cause);
         }
     }

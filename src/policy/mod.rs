@@ -83,24 +83,37 @@ impl EvictionPolicy for tinylfu::Core {
     }
 }
 
-/// The cache's policy and its lock.
+/// The cache's policy and its lock, with a scratch list of victims reused across writes (an
+/// insert at capacity would otherwise allocate one).
 #[derive(Debug)]
 pub(crate) struct Policy {
-    core: Mutex<tinylfu::Core>,
+    core: Mutex<(tinylfu::Core, Vec<Victim>)>,
 }
 
 impl Policy {
     /// A policy for `max_weight` units, seeded for its sketch.
     pub(crate) fn new(max_weight: u64, seed: u64) -> Self {
         Policy {
-            core: Mutex::new(tinylfu::Core::new(max_weight, seed)),
+            core: Mutex::new((tinylfu::Core::new(max_weight, seed), Vec::new())),
         }
     }
 
     /// Runs `f` on the locked policy (a write or a removal). The policy runs no user code, so
     /// a panic while it is held cannot leave it half-updated by a caller: it is taken over.
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut dyn EvictionPolicy) -> R) -> R {
-        let mut core = self.core.lock().unwrap_or_else(|p| p.into_inner());
-        f(&mut *core)
+        self.with_scratch(|p, _| f(p))
+    }
+
+    /// Like `with`, also lending the (empty) scratch list of victims.
+    pub(crate) fn with_scratch<R>(
+        &self,
+        f: impl FnOnce(&mut dyn EvictionPolicy, &mut Vec<Victim>) -> R,
+    ) -> R {
+        let mut guard = self.core.lock().unwrap_or_else(|p| p.into_inner());
+        let (core, scratch) = &mut *guard;
+        scratch.clear();
+        let r = f(core, scratch);
+        scratch.clear();
+        r
     }
 }
