@@ -528,6 +528,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "safe code: too slow under Miri")]
     fn stays_within_capacity_and_reports_each_victim_once() {
         let mut core = Core::new(50, 3);
         let mut e = Entries::default();
@@ -550,6 +551,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "safe code, 20,000 writes: too slow under Miri")]
     fn a_scan_does_not_flush_frequently_read_keys() {
         let mut core = Core::new(100, 9);
         let mut e = Entries::default();
