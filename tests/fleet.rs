@@ -27,7 +27,9 @@ fn tier(url: &str, prefix: &str, lease: Duration, wait: Duration) -> RedisTier<S
         .key_prefix(prefix)
         .lease(lease)
         .wait_bound(wait)
-        .op_timeout(Duration::from_millis(500))
+        // Generous: a loaded test machine must not turn a slow connect into a local load.
+        // A stopped Redis refuses connections at once, so the outage tests do not wait on it.
+        .op_timeout(Duration::from_secs(5))
         .retry_after(Duration::from_millis(200))
         .build(|k: &String| k.clone(), Utf8)
         .expect("valid tier settings")
@@ -251,9 +253,11 @@ async fn futures_and_threads_on_different_instances_share_one_load() {
                 .await
         })
     };
-    let waiting_thread =
-        std::thread::spawn(move || c.get_or_load(&"k".to_owned(), |_| Err::<String, _>(())));
-    while b.stats().shared_lock_waits == 0 {
+    let waiting_thread = {
+        let c = c.clone();
+        std::thread::spawn(move || c.get_or_load(&"k".to_owned(), |_| Err::<String, _>(())))
+    };
+    while b.stats().shared_lock_waits == 0 || c.stats().shared_lock_waits == 0 {
         tokio::task::yield_now().await;
     }
     gate.notify_one();
