@@ -421,10 +421,13 @@ where
     /// [`BuildError`] naming the first setting that is missing or out of range.
     pub fn build(self) -> Result<Cache<K, V, S>, BuildError> {
         let settings = self.validate()?;
-        let cache = Cache::from_settings(settings, self.hooks, self.hasher);
-        #[cfg(feature = "redis")]
-        let cache = cache.with_shared_tier(self.shared);
-        Ok(cache)
+        Ok(Cache::from_settings(
+            settings,
+            self.hooks,
+            #[cfg(feature = "redis")]
+            self.shared,
+            self.hasher,
+        ))
     }
 
     pub(crate) fn validate(&self) -> Result<Settings, BuildError> {

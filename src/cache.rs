@@ -94,7 +94,12 @@ where
     V: Send + Sync + 'static,
     S: BuildHasher,
 {
-    pub(crate) fn from_settings(settings: Settings, hooks: Hooks<K, V>, hasher: S) -> Self {
+    pub(crate) fn from_settings(
+        settings: Settings,
+        hooks: Hooks<K, V>,
+        #[cfg(feature = "redis")] shared: Option<crate::fleet::RedisTier<K, V>>,
+        hasher: S,
+    ) -> Self {
         let pkeys = foldhash::fast::RandomState::default();
         let seed = pkeys.hash_one(0x5eed_u64);
         Cache {
@@ -114,20 +119,11 @@ where
                     .map(|n| Arc::new(Limiter::new(n))),
                 task_spawner: settings.task_spawner,
                 #[cfg(feature = "redis")]
-                shared: None,
+                shared,
                 versions: AtomicU64::new(1),
                 domain: Domain::new(),
             }),
         }
-    }
-
-    /// Attaches the shared tier (only while this is the cache's one handle, at build).
-    #[cfg(feature = "redis")]
-    pub(crate) fn with_shared_tier(mut self, tier: Option<crate::fleet::RedisTier<K, V>>) -> Self {
-        if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.shared = tier;
-        }
-        self
     }
 
     /// The value for `key`, cloned, if the cache holds one that has not expired.
