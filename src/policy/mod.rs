@@ -66,23 +66,6 @@ pub(crate) trait EvictionPolicy: Send {
     fn remove(&mut self, pkey: u64, version: u64);
 }
 
-impl EvictionPolicy for tinylfu::Core {
-    fn write(
-        &mut self,
-        pkey: u64,
-        hash: u64,
-        version: u64,
-        weight: u64,
-        out: &mut Vec<Victim>,
-        probe: &mut Probe<'_>,
-    ) {
-        tinylfu::Core::write(self, pkey, hash, version, weight, out, probe)
-    }
-    fn remove(&mut self, pkey: u64, version: u64) {
-        tinylfu::Core::remove(self, pkey, version)
-    }
-}
-
 /// The cache's policy and its lock, with a scratch list of victims reused across writes (an
 /// insert at capacity would otherwise allocate one).
 #[derive(Debug)]

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use super::sketch::Sketch;
+use super::EvictionPolicy;
 
 const NIL: u32 = u32::MAX;
 
@@ -190,67 +191,6 @@ impl Core {
         self.index
             .get(&pkey)
             .map(|&i| self.nodes[i as usize].version)
-    }
-
-    /// A write that the table now holds: a new key, or a new value (or weight) for a key.
-    /// Evicts to stay within the capacity, pushing the victims to `out`.
-    /// `probe` looks at a tracked entry: its hits since the last look (folded into the
-    /// sketch, and a second chance in its region) and whether it has expired (evicted without
-    /// a duel, before live ones).
-    pub(crate) fn write(
-        &mut self,
-        pkey: u64,
-        hash: u64,
-        version: u64,
-        weight: u64,
-        out: &mut Vec<Victim>,
-        probe: &mut Probe<'_>,
-    ) {
-        // Second chances given in this call: each resets the entry's hits, so a pass over
-        // every entry ends them; the bound also covers hits arriving meanwhile.
-        let mut budget = 2 * self.index.len() + 16;
-        self.sketch.increment(pkey);
-        match self.index.get(&pkey) {
-            Some(&i) => {
-                let n = &mut self.nodes[i as usize];
-                if n.version > version {
-                    return; // an older write, reported late: the newer one stands
-                }
-                n.version = version;
-                n.hash = hash;
-                let (region, old) = (n.region, n.weight);
-                n.weight = weight;
-                let list = &mut self.lists[region as usize];
-                list.weight = list.weight - old + weight;
-                self.touch(i, probe, &mut budget);
-            }
-            None => {
-                self.climber.misses += 1;
-                let i = self.alloc(PNode {
-                    pkey,
-                    hash,
-                    version,
-                    weight,
-                    region: Region::Window,
-                    prev: NIL,
-                    next: NIL,
-                });
-                self.index.insert(pkey, i);
-                self.push(i, Region::Window);
-                self.climb(probe, &mut budget);
-            }
-        }
-        self.make_room(out, probe, &mut budget);
-    }
-
-    /// The table no longer holds the key's write `version` (nor, then, any older one).
-    pub(crate) fn remove(&mut self, pkey: u64, version: u64) {
-        if let Some(&i) = self.index.get(&pkey) {
-            if self.nodes[i as usize].version <= version {
-                self.unlink(i);
-                self.release(i);
-            }
-        }
     }
 
     fn alloc(&mut self, node: PNode) -> u32 {
@@ -493,6 +433,69 @@ impl Core {
         let window = (self.window_max as f64 + amount).clamp(0.0, self.max as f64);
         self.set_window(window.round() as u64);
         self.demote_overflow(probe, budget);
+    }
+}
+
+impl EvictionPolicy for Core {
+    /// A write that the table now holds: a new key, or a new value (or weight) for a key.
+    /// Evicts to stay within the capacity, pushing the victims to `out`.
+    /// `probe` looks at a tracked entry: its hits since the last look (folded into the
+    /// sketch, and a second chance in its region) and whether it has expired (evicted without
+    /// a duel, before live ones).
+    fn write(
+        &mut self,
+        pkey: u64,
+        hash: u64,
+        version: u64,
+        weight: u64,
+        out: &mut Vec<Victim>,
+        probe: &mut Probe<'_>,
+    ) {
+        // Second chances given in this call: each resets the entry's hits, so a pass over
+        // every entry ends them; the bound also covers hits arriving meanwhile.
+        let mut budget = 2 * self.index.len() + 16;
+        self.sketch.increment(pkey);
+        match self.index.get(&pkey) {
+            Some(&i) => {
+                let n = &mut self.nodes[i as usize];
+                if n.version > version {
+                    return; // an older write, reported late: the newer one stands
+                }
+                n.version = version;
+                n.hash = hash;
+                let (region, old) = (n.region, n.weight);
+                n.weight = weight;
+                let list = &mut self.lists[region as usize];
+                list.weight = list.weight - old + weight;
+                self.touch(i, probe, &mut budget);
+            }
+            None => {
+                self.climber.misses += 1;
+                let i = self.alloc(PNode {
+                    pkey,
+                    hash,
+                    version,
+                    weight,
+                    region: Region::Window,
+                    prev: NIL,
+                    next: NIL,
+                });
+                self.index.insert(pkey, i);
+                self.push(i, Region::Window);
+                self.climb(probe, &mut budget);
+            }
+        }
+        self.make_room(out, probe, &mut budget);
+    }
+
+    /// The table no longer holds the key's write `version` (nor, then, any older one).
+    fn remove(&mut self, pkey: u64, version: u64) {
+        if let Some(&i) = self.index.get(&pkey) {
+            if self.nodes[i as usize].version <= version {
+                self.unlink(i);
+                self.release(i);
+            }
+        }
     }
 }
 
