@@ -8,34 +8,8 @@ use std::time::Duration;
 use herdcache::{Cache, LoadError, ManualClock};
 use tokio::sync::Notify;
 
-/// Spawns a task that leads the load of `key` and returns `value` once the gate is opened.
-fn gated_load(
-    cache: &Cache<u32, u64>,
-    key: u32,
-    value: u64,
-) -> (
-    tokio::task::JoinHandle<Result<u64, LoadError<()>>>,
-    Arc<Notify>,
-) {
-    let gate = Arc::new(Notify::new());
-    let (cache, opened) = (cache.clone(), gate.clone());
-    let task = tokio::spawn(async move {
-        cache
-            .get_or_load_async(&key, |_| async move {
-                opened.notified().await;
-                Ok::<_, ()>(value)
-            })
-            .await
-    });
-    (task, gate)
-}
-
-/// Waits (yielding) until `cond` holds: lets a test order its tasks without sleeping.
-async fn until(cond: impl Fn() -> bool) {
-    while !cond() {
-        tokio::task::yield_now().await;
-    }
-}
+mod common;
+use common::tasks::{gated_load, until, Via};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_tasks_missing_one_key_cause_one_load() {
@@ -102,7 +76,7 @@ async fn aborting_the_leader_hands_the_load_to_a_waiter() {
 #[tokio::test(start_paused = true)]
 async fn a_timed_out_waiter_leaves_and_the_load_completes_for_the_others() {
     let cache: Cache<u32, u64> = Cache::builder().max_capacity(10).build().unwrap();
-    let (leader, gate) = gated_load(&cache, 1, 7);
+    let (leader, gate) = gated_load(&cache, 1, 7, Via::Inline);
     until(|| cache.stats().loads == 1).await;
     let waited = tokio::time::timeout(
         Duration::from_millis(10),
@@ -135,7 +109,7 @@ async fn a_waiter_past_its_deadline_gets_the_expired_value() {
         .unwrap();
     cache.insert(1, 10);
     clock.advance(Duration::from_secs(2));
-    let (leader, gate) = gated_load(&cache, 1, 11);
+    let (leader, gate) = gated_load(&cache, 1, 11, Via::Inline);
     until(|| cache.stats().loads == 1).await;
     let stale = cache
         .get_or_load_async_until(
@@ -191,7 +165,7 @@ async fn a_panicking_loader_future_gives_waiters_panicked() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thread_and_a_task_share_one_load() {
     let cache: Cache<u32, u64> = Cache::builder().max_capacity(10).build().unwrap();
-    let (task, gate) = gated_load(&cache, 1, 9);
+    let (task, gate) = gated_load(&cache, 1, 9, Via::Inline);
     until(|| cache.stats().loads == 1).await;
     let c = cache.clone();
     let thread = std::thread::spawn(move || c.get_or_load(&1, |_| Ok::<_, ()>(0)));
@@ -209,7 +183,7 @@ async fn a_task_without_a_permit_waits_for_one() {
         .max_concurrent_loads(1)
         .build()
         .unwrap();
-    let (first, gate) = gated_load(&cache, 1, 1);
+    let (first, gate) = gated_load(&cache, 1, 1, Via::Inline);
     until(|| cache.stats().loads == 1).await;
     let second = {
         let cache = cache.clone();

@@ -9,6 +9,9 @@ use std::time::Duration;
 use herdcache::{Cache, LoadError, ManualClock};
 use tokio::sync::Notify;
 
+mod common;
+use common::tasks::{gated_load, until, Via};
+
 fn spawning_cache() -> Cache<u32, u64> {
     Cache::builder()
         .max_capacity(10)
@@ -17,40 +20,10 @@ fn spawning_cache() -> Cache<u32, u64> {
         .unwrap()
 }
 
-/// Spawns a task whose `get_or_load_spawned` of `key` starts a load that returns `value`
-/// once the gate is opened.
-fn gated_spawned_load(
-    cache: &Cache<u32, u64>,
-    key: u32,
-    value: u64,
-) -> (
-    tokio::task::JoinHandle<Result<u64, LoadError<()>>>,
-    Arc<Notify>,
-) {
-    let gate = Arc::new(Notify::new());
-    let (cache, opened) = (cache.clone(), gate.clone());
-    let task = tokio::spawn(async move {
-        cache
-            .get_or_load_spawned(&key, move |_| async move {
-                opened.notified().await;
-                Ok::<_, ()>(value)
-            })
-            .await
-    });
-    (task, gate)
-}
-
-/// Waits (yielding) until `cond` holds: lets a test order its tasks without sleeping.
-async fn until(cond: impl Fn() -> bool) {
-    while !cond() {
-        tokio::task::yield_now().await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spawned_load_outlives_the_caller_that_started_it() {
     let cache = spawning_cache();
-    let (starter, gate) = gated_spawned_load(&cache, 1, 5);
+    let (starter, gate) = gated_load(&cache, 1, 5, Via::Spawned);
     until(|| cache.stats().loads == 1).await;
     let waiter = {
         let cache = cache.clone();
@@ -77,7 +50,7 @@ async fn a_spawned_load_outlives_the_caller_that_started_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spawned_load_left_by_every_caller_still_fills_the_cache() {
     let cache = spawning_cache();
-    let (starter, gate) = gated_spawned_load(&cache, 1, 5);
+    let (starter, gate) = gated_load(&cache, 1, 5, Via::Spawned);
     until(|| cache.stats().loads == 1).await;
     starter.abort();
     assert!(starter.await.unwrap_err().is_cancelled());

@@ -1,0 +1,48 @@
+//! Helpers for the tokio tests of the futures' miss path.
+
+use std::sync::Arc;
+
+use herdcache::{Cache, LoadError};
+use tokio::sync::Notify;
+
+/// Which miss path a gated load takes.
+#[derive(Debug, Clone, Copy)]
+pub enum Via {
+    /// `get_or_load_async`: the task that wins runs the load.
+    Inline,
+    /// `get_or_load_spawned`: the load runs on the cache's task spawner.
+    Spawned,
+}
+
+/// Spawns a task that loads `key` through `via`, with a loader that returns `value` once the
+/// returned gate is opened.
+pub fn gated_load(
+    cache: &Cache<u32, u64>,
+    key: u32,
+    value: u64,
+    via: Via,
+) -> (
+    tokio::task::JoinHandle<Result<u64, LoadError<()>>>,
+    Arc<Notify>,
+) {
+    let gate = Arc::new(Notify::new());
+    let (cache, opened) = (cache.clone(), gate.clone());
+    let task = tokio::spawn(async move {
+        let loader = move |_: &u32| async move {
+            opened.notified().await;
+            Ok::<_, ()>(value)
+        };
+        match via {
+            Via::Inline => cache.get_or_load_async(&key, loader).await,
+            Via::Spawned => cache.get_or_load_spawned(&key, loader).await,
+        }
+    });
+    (task, gate)
+}
+
+/// Waits (yielding) until `cond` holds: lets a test order its tasks without sleeping.
+pub async fn until(cond: impl Fn() -> bool) {
+    while !cond() {
+        tokio::task::yield_now().await;
+    }
+}
