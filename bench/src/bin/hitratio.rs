@@ -2,21 +2,23 @@
 //! quick_cache and LRU (get, insert on a miss) next to Belady's OPT.
 //!
 //! Run: `cargo run --release -p herdcache-bench --bin hitratio -- [--traces DIR]
-//! [--trace PATH]... [--capacity N,...] [--json]`. Without `--trace`, every `*.trace.gz` and
+//! [--trace PATH]... [--capacity N,...] [--runs N] [--json]`. Without `--trace`, every `*.trace.gz` and
 //! `*.trace.xz` in the trace directory (default: `HERDCACHE_TRACES`, else `../shared/traces`)
-//! is replayed; without `--capacity`, each at its family's default capacities.
+//! is replayed; without `--capacity`, each at its family's default capacities. Each cache's
+//! figure is the mean of `--runs` replays (default 3), each through a new, newly seeded cache.
 
 use std::path::PathBuf;
 
 use herdcache_bench::args::{exit_usage, Flags};
-use herdcache_bench::hitratio::{cell, table};
+use herdcache_bench::hitratio::{cell, table, DEFAULT_RUNS};
 use herdcache_bench::trace;
 
-const USAGE: &str = "hitratio [--traces DIR] [--trace PATH]... [--capacity N,...] [--json]";
+const USAGE: &str =
+    "hitratio [--traces DIR] [--trace PATH]... [--capacity N,...] [--runs N] [--json]";
 
 fn main() {
     let flags = Flags::parse(
-        &["--traces", "--trace", "--capacity"],
+        &["--traces", "--trace", "--capacity", "--runs"],
         &["--json", "--help"],
     )
     .unwrap_or_else(|e| exit_usage(&e, USAGE));
@@ -29,6 +31,15 @@ fn main() {
     if capacities.contains(&0) {
         exit_usage("--capacity must be positive", USAGE);
     }
+    let runs: usize = match flags
+        .list("--runs")
+        .unwrap_or_else(|e| exit_usage(&e, USAGE))
+        .as_slice()
+    {
+        [] => DEFAULT_RUNS,
+        [n] if *n > 0 => *n,
+        _ => exit_usage("--runs takes one positive number", USAGE),
+    };
     let mut paths: Vec<PathBuf> = flags
         .raw("--trace")
         .into_iter()
@@ -62,7 +73,7 @@ fn main() {
             &capacities
         };
         for &c in caps {
-            cells.push(cell(&t, c));
+            cells.push(cell(&t, c, runs));
         }
     }
     if flags.has("--json") {
