@@ -11,7 +11,7 @@ use crate::cache::Cache;
 use crate::clock::OnceNow;
 use crate::entry::{Entry, Kind};
 use crate::local::Pinned;
-use crate::policy::{Look, Victim};
+use crate::policy::{Look, Victim, Write};
 use crate::stats::Counter;
 use crate::table::{Decision, Node, Outcome};
 
@@ -163,14 +163,14 @@ where
                 },
                 None => Look::default(),
             };
-            policy.write(
-                entry.pkey,
-                node.hash,
-                entry.version,
+            let write = Write {
+                pkey: entry.pkey,
+                hash: node.hash,
+                version: entry.version,
                 weight,
-                victims,
-                &mut probe,
-            );
+            };
+            let counters = self.inner.domain.counters();
+            policy.write(write, victims, &mut probe, &|| counters.requests());
             for v in victims.iter() {
                 // The victim's write, or an older one it replaced, never a load in progress
                 // or a newer write (that one reports itself, and the policy tracks it anew).

@@ -13,7 +13,7 @@
 mod sketch;
 mod tinylfu;
 
-pub(crate) use tinylfu::{Look, Probe, Victim};
+pub(crate) use tinylfu::{Look, Probe, Requests, Served, Victim, Write};
 
 use crate::sync::{AtomicU8, Mutex, Ordering};
 
@@ -50,17 +50,15 @@ impl EntryState {
 /// What the cache needs from an eviction policy. Keys are policy keys (a seeded 64-bit hash
 /// of the key); versions identify writes and only grow.
 pub(crate) trait EvictionPolicy: Send {
-    /// The table now holds write `version` of the key, weighing `weight`; evictions needed to
-    /// stay within capacity go to `out`. `probe` reports (and resets) an entry's hits and
-    /// whether it expired; expired entries go first.
+    /// The table now holds `write`; evictions needed to stay within capacity go to `out`.
+    /// `probe` reports (and resets) an entry's hits and whether it expired; expired entries
+    /// go first. `served` reads the cache's lookup counters (hits and misses so far).
     fn write(
         &mut self,
-        pkey: u64,
-        hash: u64,
-        version: u64,
-        weight: u64,
+        write: Write,
         out: &mut Vec<Victim>,
         probe: &mut Probe<'_>,
+        served: &Served<'_>,
     );
     /// The table no longer holds write `version` of the key, nor any older one.
     fn remove(&mut self, pkey: u64, version: u64);
