@@ -12,6 +12,17 @@ const MAX_COUNT: u64 = 15;
 /// Counters per word.
 const PER_WORD: usize = 16;
 
+/// The fewest words (8 KiB): a small cache's sketch counts with fewer collisions. Measured
+/// on the hit-ratio grid against Caffeine's one word per entry (at least 128), with the
+/// halving below: cells more than 0.3 points short of the better peer 8 -> 3, the mean
+/// +0.1 point.
+const MIN_WORDS: usize = 1024;
+
+/// Halve every this many increments per entry of capacity (Caffeine: 10). Aging twice as
+/// fast follows shifts in popularity sooner: lirs_sprite at 1,000 entries, recency-heavy,
+/// rose from 85.2% to 86.3%.
+const AGE_EVERY: usize = 5;
+
 #[derive(Debug)]
 pub(crate) struct Sketch {
     /// Blocks of eight words.
@@ -36,15 +47,15 @@ fn mix(mut x: u64) -> u64 {
 impl Sketch {
     /// A sketch for a cache of `capacity` entries.
     pub(crate) fn new(capacity: usize, seed: u64) -> Self {
-        // One 16-counter word per entry (at least 128 words), as Caffeine sizes it.
-        let words = capacity.max(128).next_power_of_two();
+        // One 16-counter word per entry, as Caffeine sizes it, but at least `MIN_WORDS`.
+        let words = capacity.max(MIN_WORDS).next_power_of_two();
         let blocks = (words / 8).max(1);
         Sketch {
             table: vec![[0; 8]; blocks],
             block_mask: blocks - 1,
             seed: mix(seed | 1),
             additions: 0,
-            sample: capacity.max(128).saturating_mul(10),
+            sample: capacity.max(128).saturating_mul(AGE_EVERY),
         }
     }
 
@@ -143,10 +154,16 @@ mod tests {
                 s.increment(1);
             }
         }
-        assert!(s.frequency(1) >= 8, "{}", s.frequency(1));
+        // Read 32 times among 16,000 one-off keys, with halvings between: still counted as
+        // frequent, and above nearly every one-off key.
+        let hot = s.frequency(1);
+        assert!(hot >= 4, "{hot}");
         let rare = (0..100u64)
-            .filter(|k| s.frequency(k * 0x9e37_79b9 + 5) >= 8)
+            .filter(|k| s.frequency(k * 0x9e37_79b9 + 5) >= hot)
             .count();
-        assert!(rare < 10, "{rare} one-off keys look frequent");
+        assert!(
+            rare < 5,
+            "{rare} one-off keys look as frequent as a hot one"
+        );
     }
 }
