@@ -6,7 +6,8 @@
 //! once per key per load:
 //! 1. Read the shared tier (value and remaining TTL). A value, or for a refresh a value newer
 //!    than the one being refreshed, is the answer.
-//! 2. Else try the soft lock (`SET NX PX lease` with a random token). The winner loads, writes
+//! 2. Else try the soft lock (`SET NX PX lease` with a random token). The winner reads the
+//!    tier again (a holder may have written and released since step 1), then loads, writes
 //!    the value with its TTL, and releases the lock only if it still holds it.
 //! 3. A loser waits with backoff, re-reading the tier and retrying the lock (a holder that
 //!    crashed frees it after one lease), for at most the wait bound; then loads anyway.
@@ -111,23 +112,26 @@ where
     let mut waited = false;
     loop {
         // 1. The shared tier.
-        match store.read(plan.value_key).await {
-            Ok(Some((bytes, ttl))) if is_newer(ttl, plan.refreshing) => {
-                match hooks.decode(&bytes) {
-                    Some(v) => {
-                        hooks.count(Counter::SharedHits);
-                        return Outcome::Shared(v, ttl);
-                    }
-                    // Treated as a miss: the lock's winner overwrites it.
-                    None => hooks.count(Counter::SharedCodecErrors),
-                }
-            }
-            Ok(_) => {}
+        match shared(store, hooks, &plan, true).await {
+            Ok(Some((v, ttl))) => return Outcome::Shared(v, ttl),
+            Ok(None) => {}
             Err(e) => return Outcome::Failed(load.await, e),
         }
         // 2. The soft lock.
         match store.try_lock(plan.lock_key, plan.token, plan.lease).await {
-            Ok(true) => return hold(store, hooks, &plan, load).await,
+            Ok(true) => {
+                // A holder may have written its value and released between our read and
+                // our lock: Redis runs commands one at a time, so a read after our lock sees
+                // any value written before the release that let us take it.
+                return match shared(store, hooks, &plan, false).await {
+                    Ok(Some((v, ttl))) => {
+                        let _ = store.release(plan.lock_key, plan.token).await;
+                        Outcome::Shared(v, ttl)
+                    }
+                    Ok(None) => hold(store, hooks, &plan, load).await,
+                    Err(e) => Outcome::Failed(load.await, e),
+                };
+            }
             Ok(false) => {}
             Err(e) => return Outcome::Failed(load.await, e),
         }
@@ -143,6 +147,36 @@ where
         }
         store.sleep(backoff.min(left)).await;
         backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// The shared tier's value if it answers this load (decoded, and for a refresh newer than
+/// the value being refreshed), counted as a shared hit. An undecodable value is a miss,
+/// counted if `count_codec_errors` (once per load: not again on the re-read after the lock).
+async fn shared<St: Store, V>(
+    store: &St,
+    hooks: &impl Hooks<V>,
+    plan: &Plan<'_>,
+    count_codec_errors: bool,
+) -> Result<Option<(V, Option<Duration>)>, StoreError> {
+    let Some((bytes, ttl)) = store.read(plan.value_key).await? else {
+        return Ok(None);
+    };
+    if !is_newer(ttl, plan.refreshing) {
+        return Ok(None);
+    }
+    match hooks.decode(&bytes) {
+        Some(v) => {
+            hooks.count(Counter::SharedHits);
+            Ok(Some((v, ttl)))
+        }
+        // Treated as a miss: the lock's winner overwrites it.
+        None => {
+            if count_codec_errors {
+                hooks.count(Counter::SharedCodecErrors);
+            }
+            Ok(None)
+        }
     }
 }
 
@@ -203,6 +237,8 @@ mod tests {
         fail: Mutex<bool>,
         /// Values to appear in the tier after this many sleeps.
         appear_after_sleeps: Mutex<Option<(usize, Vec<u8>)>>,
+        /// A holder that writes this value and releases just before our lock attempt.
+        finish_before_lock: Mutex<Option<Vec<u8>>>,
         sleeps: Mutex<usize>,
         log: Mutex<Vec<String>>,
     }
@@ -226,6 +262,10 @@ mod tests {
         async fn try_lock(&self, lock: &str, token: &str, _: Duration) -> Result<bool, StoreError> {
             self.check("lock")?;
             let mut m = self.map.lock().unwrap();
+            if let Some(v) = self.finish_before_lock.lock().unwrap().take() {
+                m.insert("v".into(), (v, Some(Duration::from_secs(9))));
+                m.remove(lock);
+            }
             if m.contains_key(lock) {
                 return Ok(false);
             }
@@ -340,7 +380,7 @@ mod tests {
         assert!(!map.contains_key("l"), "released");
         assert_eq!(
             *store.log.lock().unwrap(),
-            ["read", "lock", "write", "release"]
+            ["read", "lock", "read", "write", "release"]
         );
     }
 
@@ -373,6 +413,28 @@ mod tests {
             *hooks.0.lock().unwrap(),
             [Counter::SharedLockWaits, Counter::SharedHits]
         );
+    }
+
+    #[test]
+    fn a_lock_freed_by_a_holder_that_just_wrote_its_value_does_not_load_again() {
+        let store = Memory::default();
+        store
+            .map
+            .lock()
+            .unwrap()
+            .insert("l".into(), (b"other".to_vec(), None));
+        // The holder writes and releases between our read and our lock attempt.
+        *store.finish_before_lock.lock().unwrap() = Some(b"8".to_vec());
+        let hooks = Counts::default();
+        let out = run(coordinate(&store, &hooks, plan(None), async {
+            unreachable!("the holder's value is already in the tier")
+        }));
+        assert!(matches!(out, Outcome::<u64, ()>::Shared(8, _)));
+        assert!(
+            !store.map.lock().unwrap().contains_key("l"),
+            "the lock taken for nothing is released"
+        );
+        assert_eq!(*hooks.0.lock().unwrap(), [Counter::SharedHits]);
     }
 
     #[test]
