@@ -59,6 +59,15 @@ const ADMIT_MARGIN: u64 = 1;
 /// less noisy), and at least `CLIMB_SAMPLE_MIN`.
 const CLIMB_SAMPLE_PER_ENTRY: u64 = 20;
 const CLIMB_SAMPLE_MIN: u64 = 300;
+/// A sample whose hit ratio is this much (absolute) below the previous one means that the
+/// workload changed under the cache, not that the last step was wrong: the climber starts
+/// over from the initial window and step. Stepping back from a window that a recency-heavy
+/// phase grew large is too slow once a loop starts (a large window turns the cache into an
+/// LRU, which hits nothing in a loop longer than it). Measured on lirs_sprite, then
+/// lirs_loop, then part of each again (8 runs): at 500, 700 and 1,000 entries 48.7%, 63.9%
+/// and 84.2% without the restart, 53.2%, 68.3% and 86.7% with it (moka: 50.8%, 66.6%,
+/// 87.9%); the hit-ratio grid did not change.
+const COLLAPSE: f64 = 0.40;
 /// New keys between two readings of the cache's lookup counters.
 const CLIMB_CHECK_EVERY: u32 = 16;
 
@@ -207,9 +216,14 @@ impl Core {
             },
             rng: seed | 1,
         };
-        // At least one entry's window, as Caffeine sizes it.
-        core.set_window(max - (max as f64 * (1.0 - WINDOW_START)) as u64);
+        core.set_window(core.initial_window());
         core
+    }
+
+    /// The window's first size: `WINDOW_START` of the capacity, and at least one entry, as
+    /// Caffeine sizes it.
+    fn initial_window(&self) -> u64 {
+        self.max - (self.max as f64 * (1.0 - WINDOW_START)) as u64
     }
 
     fn set_window(&mut self, window: u64) {
@@ -472,6 +486,13 @@ impl Core {
             c.previous = rate;
             return;
         }
+        if rate < c.previous - COLLAPSE {
+            c.previous = rate;
+            c.step = STEP_START * self.max as f64;
+            self.set_window(self.initial_window());
+            self.demote_overflow(probe, budget);
+            return;
+        }
         let longest = STEP_MAX * self.max as f64;
         // A tie (a flat hit ratio: every lookup hits, say) keeps the step as it is.
         let amount = if rate >= c.previous {
@@ -717,6 +738,48 @@ mod tests {
             "looping workload grew the window to {window:.2}"
         );
         assert!(hit_ratio > 0.6, "looping workload hit only {hit_ratio:.2}");
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "safe code, 220,000 lookups: too slow under Miri")]
+    fn a_loop_after_a_recency_phase_gets_the_small_window_back() {
+        let (mut core, mut e) = (Core::new(100, 5), Entries::default());
+        let mut v = 0;
+        // Recency first: a third of the lookups are of a new key, the others of one of the
+        // 60 newest keys. The window grows to nearly all of the cache; about half the
+        // lookups hit.
+        let (mut rng, mut newest) = (7u64, 0u64);
+        for _ in 0..200_000 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let key = if rng % 3 == 0 {
+                newest += 1;
+                newest
+            } else {
+                newest.saturating_sub((rng >> 8) % 60)
+            };
+            read(&mut core, &mut e, key, &mut v);
+        }
+        assert!(core.window_max > 50, "the recency phase grew the window");
+        assert!(
+            core.window_max > 80,
+            "the recency phase left the window at {}",
+            core.window_max
+        );
+        // Then a loop over 120 new keys, 20 more than fit: the hit ratio collapses, and the
+        // climber starts over from the small window instead of stepping back from the large
+        // one sample after sample (without the restart: 509 hits, the window still at 88).
+        let mut hits = 0;
+        for i in 0..20_000u64 {
+            hits += u64::from(read(&mut core, &mut e, 1 << 40 | (i % 120), &mut v));
+        }
+        assert!(
+            core.window_max < 20,
+            "the loop left the window at {} of 100",
+            core.window_max
+        );
+        assert!(hits > 10_000, "the loop hit only {hits} of 20,000 lookups");
     }
 
     #[test]
