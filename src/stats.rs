@@ -231,7 +231,7 @@ impl CounterRegistry {
     }
 
     /// The hits and misses of lookups so far, summed over every block: what the eviction
-    /// policy's climber steers by (a cheaper `snapshot`).
+    /// policy's window sizer watches for a collapse (a cheaper `snapshot`).
     pub(crate) fn requests(&self) -> Requests {
         let mut r = Requests::default();
         for block in self

@@ -12,8 +12,10 @@
 
 mod sketch;
 mod tinylfu;
+mod window;
 
-pub(crate) use tinylfu::{Look, Probe, Requests, Served, Victim, Write};
+pub(crate) use tinylfu::{Look, Probe, Victim, Write};
+pub(crate) use window::{Requests, Served};
 
 use crate::sync::{AtomicU8, Mutex, Ordering};
 

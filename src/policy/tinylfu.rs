@@ -1,17 +1,10 @@
 //! W-TinyLFU (Einziger, Friedman and Manes, "TinyLFU: A Highly Efficient Cache Admission
-//! Policy"), with the window sized by hill climbing as in Caffeine: new entries enter a small
-//! LRU window; an entry leaving the window joins the main space (segmented LRU: probation,
-//! then protected once hit again) only if the frequency sketch says it is more popular than
-//! the main space's victim. The window's share of the capacity climbs toward whichever size
-//! gave the better hit ratio over the last sample, so recency-heavy workloads get a large
-//! window and frequency-heavy ones a small one.
-//!
-//! The climber steers by the cache's own hit ratio: the hits and misses its lookups counted,
-//! which the cache already keeps per thread for its statistics (see `stats.rs`), read every
-//! few new keys. Hits themselves reach the policy late and capped (see `policy/mod.rs`), which
-//! is enough to rank entries but not to measure a hit ratio: steered by those, the climber
-//! left recency-heavy traces with a small window (lirs_sprite at 1000 entries: 82.6% against
-//! 84.9%, measured on the hit-ratio grid).
+//! Policy"), with an adaptive window as in Caffeine: new entries enter a small LRU window; an
+//! entry leaving the window joins the main space (segmented LRU: probation, then protected
+//! once hit again) only if the frequency sketch says it is more popular than the main space's
+//! victim. The window's share of the capacity follows the marginal utility of either side
+//! (see `window.rs`), so recency-heavy workloads get a large window and frequency-heavy ones
+//! a small one.
 //!
 //! Single-threaded: the cache runs it under a lock, fed by writes. Entries are known by their
 //! policy key (a seeded 64-bit hash of the key) and by the version of the write that put them
@@ -21,6 +14,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use super::sketch::Sketch;
+use super::window::{Resize, Served, Sizer};
 use super::EvictionPolicy;
 
 const NIL: u32 = u32::MAX;
@@ -31,18 +25,6 @@ const WINDOW_START: f64 = 0.01;
 /// 0.6 gave a mean 0.1 point higher and lost less where recency matters (lirs_sprite at 200:
 /// -0.5 against -2.6 points from the better peer).
 const PROTECTED_SHARE: f64 = 0.60;
-/// Hill climbing: first step (share of the capacity), its decay per sample, and the change of
-/// hit ratio that restarts it.
-const STEP_START: f64 = 0.0625;
-/// After a sample that did at least as well, the next step goes the same way, this much
-/// longer, up to `STEP_MAX` of the capacity; after one that did worse, it turns back at this
-/// share of the length (as Rprop steps). Caffeine's climber instead shrinks its step by 2%
-/// per sample and restarts it after a jump of 5 points: on the grid, that reached the
-/// window lirs_sprite at 1,000 entries wants (70% or more) too slowly, and growing the step
-/// lowered the total shortfall from the better peer from 6.3 to 4.9 points.
-const STEP_GROWTH: f64 = 1.25;
-const STEP_BACK: f64 = 0.5;
-const STEP_MAX: f64 = 0.25;
 /// A candidate at least this frequent but not more frequent than the victim is still admitted
 /// with probability 1/128, so that an attacker cannot pin the main space with keys whose
 /// estimates it inflated.
@@ -54,22 +36,6 @@ const HASHDOS_FLOOR: u64 = 6;
 /// Measured on the hit-ratio grid: +0.9 points on the mean, and the loop and scan traces at
 /// small capacities from 0% to near their optimum.
 const ADMIT_MARGIN: u64 = 1;
-/// Lookups per hill-climbing sample: this many per entry of capacity (Caffeine uses ten; on
-/// the grid twenty halved the total shortfall from the better peer, as a longer sample is
-/// less noisy), and at least `CLIMB_SAMPLE_MIN`.
-const CLIMB_SAMPLE_PER_ENTRY: u64 = 20;
-const CLIMB_SAMPLE_MIN: u64 = 300;
-/// A sample whose hit ratio is this much (absolute) below the previous one means that the
-/// workload changed under the cache, not that the last step was wrong: the climber starts
-/// over from the initial window and step. Stepping back from a window that a recency-heavy
-/// phase grew large is too slow once a loop starts (a large window turns the cache into an
-/// LRU, which hits nothing in a loop longer than it). Measured on lirs_sprite, then
-/// lirs_loop, then part of each again (8 runs): at 500, 700 and 1,000 entries 48.7%, 63.9%
-/// and 84.2% without the restart, 53.2%, 68.3% and 86.7% with it (moka: 50.8%, 66.6%,
-/// 87.9%); the hit-ratio grid did not change.
-const COLLAPSE: f64 = 0.40;
-/// New keys between two readings of the cache's lookup counters.
-const CLIMB_CHECK_EVERY: u32 = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -157,28 +123,6 @@ pub(crate) struct Look {
 /// The cache's side of a look.
 pub(crate) type Probe<'a> = dyn FnMut(&Victim) -> Look + 'a;
 
-/// Lookups the cache has served so far: its hit and miss counters (they only grow).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Requests {
-    pub(crate) hits: u64,
-    pub(crate) misses: u64,
-}
-
-/// The cache's side of the climber: its lookup counters, read now.
-pub(crate) type Served<'a> = dyn Fn() -> Requests + 'a;
-
-/// Hit ratio per sample, steering the window's size.
-#[derive(Debug)]
-struct Climber {
-    /// The counters when the sample began.
-    start: Requests,
-    /// New keys since the counters were last read.
-    unchecked: u32,
-    sample: u64,
-    previous: f64,
-    step: f64,
-}
-
 #[derive(Debug)]
 pub(crate) struct Core {
     nodes: Vec<PNode>,
@@ -189,7 +133,7 @@ pub(crate) struct Core {
     max: u64,
     window_max: u64,
     protected_max: u64,
-    climber: Climber,
+    sizer: Sizer,
     rng: u64,
 }
 
@@ -205,15 +149,7 @@ impl Core {
             max,
             window_max: 0,
             protected_max: 0,
-            climber: Climber {
-                start: Requests::default(),
-                unchecked: 0,
-                // Long enough to measure, short enough to adapt within a trace.
-                sample: (max.saturating_mul(CLIMB_SAMPLE_PER_ENTRY))
-                    .clamp(CLIMB_SAMPLE_MIN, 1 << 21),
-                previous: -1.0,
-                step: STEP_START * max as f64,
-            },
+            sizer: Sizer::new(max),
             rng: seed | 1,
         };
         core.set_window(core.initial_window());
@@ -437,6 +373,10 @@ impl Core {
                 if lv.hits > 0 && *budget > 0 {
                     // Hit since its last look: it is not the least recently used after all.
                     *budget -= 1;
+                    if self.nodes[v as usize].region == Region::Probation {
+                        self.sizer
+                            .tail_hit(self.lists[Region::Probation as usize].weight);
+                    }
                     self.unlink(v);
                     self.push(v, Region::Protected);
                     self.demote_overflow(probe, budget);
@@ -447,6 +387,7 @@ impl Core {
                 } else {
                     // Back in place only to leave through `evict`'s bookkeeping.
                     self.push(c, Region::Probation);
+                    self.sizer.rejected(self.nodes[c as usize].pkey);
                     self.evict(c, out);
                     break;
                 }
@@ -465,52 +406,14 @@ impl Core {
         }
     }
 
-    /// Hill climbing, on a new key: after each sample of lookups, move the window's size on
-    /// in the direction that raised the hit ratio, or back if it fell.
-    fn climb(&mut self, served: &Served<'_>, probe: &mut Probe<'_>, budget: &mut usize) {
-        let c = &mut self.climber;
-        c.unchecked += 1;
-        if c.unchecked < CLIMB_CHECK_EVERY {
-            return;
-        }
-        c.unchecked = 0;
-        let now = served();
-        let hits = now.hits.wrapping_sub(c.start.hits);
-        let lookups = hits.wrapping_add(now.misses.wrapping_sub(c.start.misses));
-        if lookups < c.sample {
-            return;
-        }
-        let rate = hits as f64 / lookups as f64;
-        c.start = now;
-        if c.previous < 0.0 {
-            c.previous = rate;
-            return;
-        }
-        if rate < c.previous - COLLAPSE {
-            c.previous = rate;
-            c.step = STEP_START * self.max as f64;
-            self.set_window(self.initial_window());
-            self.demote_overflow(probe, budget);
-            return;
-        }
-        let longest = STEP_MAX * self.max as f64;
-        // A tie (a flat hit ratio: every lookup hits, say) keeps the step as it is.
-        let amount = if rate >= c.previous {
-            c.step
-        } else {
-            -c.step * STEP_BACK
+    /// Moves the window as the sizer decided.
+    fn resize(&mut self, resize: Resize, probe: &mut Probe<'_>, budget: &mut usize) {
+        let window = match resize {
+            Resize::Keep => return,
+            Resize::By(by) => (self.window_max as f64 + by).clamp(0.0, self.max as f64) as u64,
+            Resize::Restart => self.initial_window(),
         };
-        c.step = if rate > c.previous {
-            (c.step * STEP_GROWTH).clamp(-longest, longest)
-        } else {
-            amount
-        };
-        if c.step.abs() < 1.0 {
-            c.step = c.step.signum();
-        }
-        c.previous = rate;
-        let window = (self.window_max as f64 + amount).clamp(0.0, self.max as f64);
-        self.set_window(window.round() as u64);
+        self.set_window(window);
         self.demote_overflow(probe, budget);
     }
 }
@@ -520,7 +423,7 @@ impl EvictionPolicy for Core {
     /// Evicts to stay within the capacity, pushing the victims to `out`.
     /// `probe` looks at a tracked entry: its hits since the last look (folded into the
     /// sketch, and a second chance in its region) and whether it has expired (evicted without
-    /// a duel, before live ones). `served` reads the cache's lookup counters, for the climber.
+    /// a duel, before live ones). `served` reads the cache's lookup counters, for the sizer.
     fn write(
         &mut self,
         write: Write,
@@ -564,7 +467,8 @@ impl EvictionPolicy for Core {
                 });
                 self.index.insert(pkey, i);
                 self.push(i, Region::Window);
-                self.climb(served, probe, &mut budget);
+                let resize = self.sizer.new_key(pkey, weight, served);
+                self.resize(resize, probe, &mut budget);
             }
         }
         self.make_room(out, probe, &mut budget);
@@ -584,6 +488,7 @@ impl EvictionPolicy for Core {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::window::Requests;
 
     /// Hits recorded in the test's "entries", reported (and reset) at a look, and the
     /// lookups served (a hit per `hit`, a miss per write).
@@ -761,15 +666,15 @@ mod tests {
             };
             read(&mut core, &mut e, key, &mut v);
         }
-        assert!(core.window_max > 50, "the recency phase grew the window");
         assert!(
             core.window_max > 80,
             "the recency phase left the window at {}",
             core.window_max
         );
         // Then a loop over 120 new keys, 20 more than fit: the hit ratio collapses, and the
-        // climber starts over from the small window instead of stepping back from the large
-        // one sample after sample (without the restart: 509 hits, the window still at 88).
+        // window starts over from its initial size. (Without that guard the window stays at
+        // all of the cache: in it each rejected key of the loop returns soon after, counted
+        // in misses, which looks like a reason to keep it large.)
         let mut hits = 0;
         for i in 0..20_000u64 {
             hits += u64::from(read(&mut core, &mut e, 1 << 40 | (i % 120), &mut v));
