@@ -23,11 +23,6 @@
 //! cache thrashes. The cache's own hit ratio guards that case: when one sample of lookups
 //! hits far less than the one before, the window starts over from its initial size.
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::BuildHasherDefault;
-
-use super::tinylfu::IdHasher;
-
 /// The ghost's reach, `delta`: this share of the capacity (at least one unit). Measured on
 /// the hit-ratio grid (8 seeds; total shortfall from the better of moka and quick_cache):
 /// 1/64 and 1/16 did as well as 1/32, 1/8 was worse (-2.1 against -0.5 points).
@@ -85,17 +80,31 @@ struct Watch {
     previous: f64,
 }
 
+/// One slot of the ghost (tag 0: empty).
+#[derive(Debug, Clone, Copy, Default)]
+struct Ghost {
+    tag: u32,
+    at: u32,
+}
+
+/// Ghost slots per unit of reach: with four, few rejections within reach share a slot. At
+/// most `MAX_SLOTS` (8 MiB): beyond about 8 million units of capacity the ghost forgets
+/// some rejections early, which only makes it slower to grow the window.
+const SLOTS_PER_REACH: u64 = 4;
+const MAX_SLOTS: u64 = 1 << 20;
+
 #[derive(Debug)]
 pub(crate) struct Sizer {
     /// `delta`, in units of weight (entries, without a weigher).
     reach: u64,
     step: f64,
-    /// Weight of the new keys written so far: the clock of the ghost.
-    clock: u64,
-    /// The last `reach` rejections, oldest first: policy key and `clock` when rejected.
-    ghost: VecDeque<(u64, u64)>,
-    /// The latest rejection of each key in `ghost`.
-    rejected_at: HashMap<u64, u64, BuildHasherDefault<IdHasher>>,
+    /// Weight of the new keys written so far (wrapping): the clock of the ghost.
+    clock: u32,
+    /// Rejected keys, direct-mapped by policy key (already a seeded hash): the key's upper
+    /// half as a tag and the `clock` when it was rejected. A rejection overwrites whatever
+    /// held its slot, and a slot older than `reach` is stale, so no list of the last
+    /// rejections is kept: a write costs one slot read, a rejection one slot write.
+    ghost: Box<[Ghost]>,
     gain: f64,
     loss: f64,
     watch: Watch,
@@ -103,12 +112,14 @@ pub(crate) struct Sizer {
 
 impl Sizer {
     pub(crate) fn new(max: u64) -> Self {
+        // Within u32: ages are measured with a wrapping u32 clock.
+        let reach = ((max as f64 * REACH) as u64).clamp(1, 1 << 30);
+        let slots = (reach * SLOTS_PER_REACH).next_power_of_two().min(MAX_SLOTS) as usize;
         Sizer {
-            reach: ((max as f64 * REACH) as u64).max(1),
+            reach,
             step: (max as f64 * STEP).max(1.0),
             clock: 0,
-            ghost: VecDeque::new(),
-            rejected_at: HashMap::default(),
+            ghost: vec![Ghost::default(); slots].into_boxed_slice(),
             gain: 0.0,
             loss: 0.0,
             watch: Watch {
@@ -124,19 +135,17 @@ impl Sizer {
 
     /// A candidate lost its duel at the window's exit and was evicted.
     pub(crate) fn rejected(&mut self, pkey: u64) {
-        self.ghost.push_back((pkey, self.clock));
-        self.rejected_at.insert(pkey, self.clock);
-        // A write rejects at most one candidate, except right after the window shrank (or
-        // when a heavy key pushed out several light ones), so the last `reach` rejections
-        // cover those within `reach` units of new keys, or nearly.
-        while self.ghost.len() as u64 > self.reach {
-            let Some((old, at)) = self.ghost.pop_front() else {
-                break;
-            };
-            if self.rejected_at.get(&old) == Some(&at) {
-                self.rejected_at.remove(&old);
-            }
-        }
+        let (slot, tag) = self.slot(pkey);
+        self.ghost[slot] = Ghost {
+            tag,
+            at: self.clock,
+        };
+    }
+
+    fn slot(&self, pkey: u64) -> (usize, u32) {
+        let slot = pkey as usize & (self.ghost.len() - 1);
+        // Odd, so that an empty slot (tag 0) never matches.
+        (slot, (pkey >> 32) as u32 | 1)
     }
 
     /// A main-space victim at the cold end of probation (which weighs `probation`) had been
@@ -148,11 +157,14 @@ impl Sizer {
     /// A key the policy did not hold was written, weighing `weight`: counts a ghost's return
     /// and decides whether the window moves.
     pub(crate) fn new_key(&mut self, pkey: u64, weight: u64, served: &Served<'_>) -> Resize {
-        self.clock += weight.max(1);
-        if let Some(at) = self.rejected_at.remove(&pkey) {
-            if self.clock - at <= self.reach {
-                self.gain += 1.0;
-            }
+        self.clock = self
+            .clock
+            .wrapping_add(weight.clamp(1, u64::from(u32::MAX)) as u32);
+        let (slot, tag) = self.slot(pkey);
+        let g = self.ghost[slot];
+        if g.tag == tag && u64::from(self.clock.wrapping_sub(g.at)) <= self.reach {
+            self.gain += 1.0;
+            self.ghost[slot] = Ghost::default();
         }
         if self.collapsed(served) {
             self.gain = 0.0;
@@ -192,12 +204,6 @@ impl Sizer {
         w.previous = rate;
         collapsed
     }
-
-    /// Keys the ghost remembers.
-    #[cfg(test)]
-    pub(crate) fn ghosts(&self) -> usize {
-        self.rejected_at.len()
-    }
 }
 
 #[cfg(test)]
@@ -208,13 +214,18 @@ mod tests {
         Requests::default()
     }
 
+    /// A policy key: a hash, as the cache makes them.
+    fn key(k: u64) -> u64 {
+        (k + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+
     #[test]
     fn rejected_keys_that_return_soon_grow_the_window() {
         let mut s = Sizer::new(1_000); // reach 31, step 5
         let mut decisions = Vec::new();
         for k in 0..16u64 {
-            s.rejected(k);
-            decisions.push(s.new_key(k, 1, &idle));
+            s.rejected(key(k));
+            decisions.push(s.new_key(key(k), 1, &idle));
         }
         assert!(decisions.contains(&Resize::By(5.0)), "{decisions:?}");
         assert!(!decisions
@@ -244,17 +255,23 @@ mod tests {
         for _ in 0..8 {
             s.tail_hit(20); // reach 31 > 20: each counts fully
         }
-        assert_eq!(s.new_key(1, 1, &idle), Resize::By(-5.0));
+        assert_eq!(s.new_key(key(1), 1, &idle), Resize::By(-5.0));
     }
 
     #[test]
-    fn the_ghost_remembers_at_most_its_reach() {
+    fn the_ghost_is_sized_by_its_reach_not_by_what_it_saw() {
         let mut s = Sizer::new(1_000);
-        for k in 0..10_000 {
-            s.rejected(k);
+        for k in 0..100_000u64 {
+            s.rejected(key(k));
         }
-        assert_eq!(s.ghosts(), 31);
-        assert_eq!(s.ghost.len(), 31);
+        assert_eq!(
+            s.ghost.len(),
+            128,
+            "31 units of reach, 4 slots each, rounded up"
+        );
+        let huge = Sizer::new(u64::MAX);
+        assert_eq!(huge.reach, 1 << 30, "ages fit the u32 clock");
+        assert_eq!(huge.ghost.len(), 1 << 20, "8 MiB at most");
     }
 
     #[test]
@@ -269,7 +286,7 @@ mod tests {
                 misses: r.misses + 2_000 - hits,
             });
             (0..CHECK_EVERY)
-                .map(|i| s.new_key(10_000 + u64::from(i), 1, &read))
+                .map(|i| s.new_key(key(10_000 + u64::from(i)), 1, &read))
                 .collect::<Vec<_>>()
         };
         sample(1_800);
