@@ -191,8 +191,9 @@
 //! place in the main space only if a frequency sketch says its key has recently been asked
 //! for more often than the key it would displace. So a scan of one-off keys cannot flush the
 //! keys that are read all the time, and the window's size adapts between recency- and
-//! frequency-heavy workloads, climbing toward the size that gave the better hit ratio (as the
-//! cache's statistics count it). Expired entries are evicted first. A hit only raises a small
+//! frequency-heavy workloads: it grows while keys it turned away come back soon after, and
+//! shrinks while the main space's least recently used entries are still being read.
+//! Expired entries are evicted first. A hit only raises a small
 //! counter in its entry, test before set, which the policy reads when it next considers that
 //! entry: hits take no lock and, once an entry is warm, write nothing.
 //!
