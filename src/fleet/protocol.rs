@@ -244,6 +244,14 @@ mod tests {
     }
 
     impl Memory {
+        /// Stores `bytes` under `key` (a value, or a lock's token), as another instance would.
+        fn put(&self, key: &str, bytes: &[u8], ttl: Option<Duration>) {
+            self.map
+                .lock()
+                .unwrap()
+                .insert(key.into(), (bytes.to_vec(), ttl));
+        }
+
         fn check(&self, op: &str) -> Result<(), StoreError> {
             self.log.lock().unwrap().push(op.to_owned());
             if *self.fail.lock().unwrap() {
@@ -351,11 +359,7 @@ mod tests {
     #[test]
     fn a_shared_value_answers_without_loading() {
         let store = Memory::default();
-        store
-            .map
-            .lock()
-            .unwrap()
-            .insert("v".into(), (b"7".to_vec(), None));
+        store.put("v", b"7", None);
         let hooks = Counts::default();
         let out = run(coordinate(&store, &hooks, plan(None), async {
             unreachable!("no load when the tier has the value")
@@ -397,11 +401,7 @@ mod tests {
     #[test]
     fn a_loser_waits_for_the_holders_value() {
         let store = Memory::default();
-        store
-            .map
-            .lock()
-            .unwrap()
-            .insert("l".into(), (b"other".to_vec(), None));
+        store.put("l", b"other", None);
         *store.appear_after_sleeps.lock().unwrap() = Some((3, b"9".to_vec()));
         let hooks = Counts::default();
         let out = run(coordinate(&store, &hooks, plan(None), async {
@@ -418,11 +418,7 @@ mod tests {
     #[test]
     fn a_lock_freed_by_a_holder_that_just_wrote_its_value_does_not_load_again() {
         let store = Memory::default();
-        store
-            .map
-            .lock()
-            .unwrap()
-            .insert("l".into(), (b"other".to_vec(), None));
+        store.put("l", b"other", None);
         // The holder writes and releases between our read and our lock attempt.
         *store.finish_before_lock.lock().unwrap() = Some(b"8".to_vec());
         let hooks = Counts::default();
@@ -440,11 +436,7 @@ mod tests {
     #[test]
     fn a_loser_loads_anyway_once_its_bound_has_passed() {
         let store = Memory::default();
-        store
-            .map
-            .lock()
-            .unwrap()
-            .insert("l".into(), (b"other".to_vec(), None));
+        store.put("l", b"other", None);
         let hooks = Counts::default();
         let p = Plan {
             wait_bound: Duration::ZERO,
@@ -473,11 +465,7 @@ mod tests {
     #[test]
     fn an_undecodable_value_is_a_counted_miss() {
         let store = Memory::default();
-        store
-            .map
-            .lock()
-            .unwrap()
-            .insert("v".into(), (b"garbage".to_vec(), None));
+        store.put("v", b"garbage", None);
         let hooks = Counts::default();
         let out = run(coordinate(&store, &hooks, plan(None), async {
             Ok::<_, ()>(2)
@@ -496,11 +484,7 @@ mod tests {
         let store = Memory::default();
         let left = Duration::from_secs(2);
         // The same write the instance already holds (it expires at about the same time).
-        store
-            .map
-            .lock()
-            .unwrap()
-            .insert("v".into(), (b"1".to_vec(), Some(left)));
+        store.put("v", b"1", Some(left));
         let out = run(coordinate(
             &store,
             &Counts::default(),
