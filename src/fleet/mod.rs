@@ -36,9 +36,9 @@ use redis_store::{AsyncStore, SyncStore};
 ///    its Redis expiry, so instances expire together;
 /// 2. else takes the lock, `SET <prefix>l:<key> <token> NX PX <lease>`; the winner reads the
 ///    value once more (the previous holder may have written it and released just before),
-///    and if there is still none loads from the source, writes the value with the cache's TTL, and deletes the lock only if it still
-///    holds its token (a Lua compare-and-delete), so a holder whose lease ran out never frees
-///    the next holder's lock;
+///    and if there is still none loads from the source, writes the value with the cache's
+///    TTL, and deletes the lock only if it still holds its token (a Lua compare-and-delete),
+///    so a holder whose lease ran out never frees the next holder's lock;
 /// 3. a loser re-reads the value (and retries the lock) with backoff from 2 ms to 50 ms, for
 ///    at most [`wait_bound`](RedisTierBuilder::wait_bound), then loads from the source itself.
 ///

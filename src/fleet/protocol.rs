@@ -244,6 +244,13 @@ mod tests {
     }
 
     impl Memory {
+        /// A store whose lock another instance holds.
+        fn locked_elsewhere() -> Self {
+            let store = Memory::default();
+            store.put("l", b"other", None);
+            store
+        }
+
         /// Stores `bytes` under `key` (a value, or a lock's token), as another instance would.
         fn put(&self, key: &str, bytes: &[u8], ttl: Option<Duration>) {
             self.map
@@ -400,8 +407,7 @@ mod tests {
 
     #[test]
     fn a_loser_waits_for_the_holders_value() {
-        let store = Memory::default();
-        store.put("l", b"other", None);
+        let store = Memory::locked_elsewhere();
         *store.appear_after_sleeps.lock().unwrap() = Some((3, b"9".to_vec()));
         let hooks = Counts::default();
         let out = run(coordinate(&store, &hooks, plan(None), async {
@@ -417,8 +423,7 @@ mod tests {
 
     #[test]
     fn a_lock_freed_by_a_holder_that_just_wrote_its_value_does_not_load_again() {
-        let store = Memory::default();
-        store.put("l", b"other", None);
+        let store = Memory::locked_elsewhere();
         // The holder writes and releases between our read and our lock attempt.
         *store.finish_before_lock.lock().unwrap() = Some(b"8".to_vec());
         let hooks = Counts::default();
@@ -435,8 +440,7 @@ mod tests {
 
     #[test]
     fn a_loser_loads_anyway_once_its_bound_has_passed() {
-        let store = Memory::default();
-        store.put("l", b"other", None);
+        let store = Memory::locked_elsewhere();
         let hooks = Counts::default();
         let p = Plan {
             wait_bound: Duration::ZERO,

@@ -3,8 +3,8 @@
 //!
 //! - Gain: a candidate that lost its duel at the window's exit and is missed again within
 //!   the next `delta` units of new keys would have been a hit in a window `delta` larger
-//!   (it would still have been in it). The sizer keeps the last `delta` such rejections (a
-//!   ghost: policy keys and when they left, no values) and counts the returns.
+//!   (it would still have been in it). The sizer remembers rejections in a ghost (a tag of
+//!   the policy key and when it left, no values) and counts the returns.
 //! - Loss: a main-space victim hit since it was last looked at was still in use at the
 //!   main space's cold end, so a main space `delta` smaller would have lost such hits; the
 //!   second chance the policy gives it is counted, scaled by the share `delta` is of the
@@ -228,14 +228,17 @@ mod tests {
 
     #[test]
     fn a_rejected_key_that_returns_late_is_no_evidence() {
-        let mut s = Sizer::new(1_000);
-        s.rejected(7);
-        for k in 100..200 {
-            assert_eq!(s.new_key(k, 1, &idle), Resize::Keep);
+        let mut s = Sizer::new(1_000); // reach 31
+        for k in 0..8 {
+            s.rejected(key(k));
         }
-        for _ in 0..20 {
+        for k in 100..200 {
+            assert_eq!(s.new_key(key(k), 1, &idle), Resize::Keep);
+        }
+        // Eight returns would be a decision if they counted.
+        for k in 0..8 {
             assert_eq!(
-                s.new_key(7, 1, &idle),
+                s.new_key(key(k), 1, &idle),
                 Resize::Keep,
                 "returned after 100 new keys"
             );
@@ -252,11 +255,8 @@ mod tests {
     }
 
     #[test]
-    fn the_ghost_is_sized_by_its_reach_not_by_what_it_saw() {
-        let mut s = Sizer::new(1_000);
-        for k in 0..1_000u64 {
-            s.rejected(key(k));
-        }
+    fn the_ghost_is_sized_by_its_reach_and_bounded() {
+        let s = Sizer::new(1_000);
         assert_eq!(
             s.ghost.len(),
             128,
