@@ -410,7 +410,8 @@ impl Core {
     fn resize(&mut self, resize: Resize, probe: &mut Probe<'_>, budget: &mut usize) {
         let window = match resize {
             Resize::Keep => return,
-            Resize::By(by) => (self.window_max as f64 + by).clamp(0.0, self.max as f64) as u64,
+            Resize::Grow(by) => self.window_max.saturating_add(by),
+            Resize::Shrink(by) => self.window_max.saturating_sub(by),
             Resize::Restart => self.initial_window(),
         };
         self.set_window(window);
