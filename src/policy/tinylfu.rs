@@ -669,7 +669,7 @@ mod tests {
     }
 
     /// A policy of 100 entries filled with keys 0 to 99, none of them hit: 99 in the main
-    /// space, all entered unchallenged, and 99 in the window.
+    /// space, all entered unchallenged, and one in the window.
     fn filled(seed: u64) -> (Core, Entries, u64) {
         let mut core = Core::new(100, seed);
         let mut e = Entries::default();
@@ -679,15 +679,20 @@ mod tests {
         (core, e, 100)
     }
 
+    /// Writes each of `keys` `times` times in a row (each write counts in the sketch).
+    fn seen(core: &mut Core, e: &mut Entries, v: &mut u64, keys: std::ops::Range<u64>, times: u32) {
+        for k in keys {
+            for _ in 0..times {
+                *v += 1;
+                write(core, e, k, *v);
+            }
+        }
+    }
+
     #[test]
     fn keys_seen_twice_replace_keys_from_the_fill_that_were_never_hit() {
         let (mut core, mut e, mut v) = filled(11);
-        for k in 1_000..1_050 {
-            for _ in 0..2 {
-                v += 1;
-                write(&mut core, &mut e, k, v);
-            }
-        }
+        seen(&mut core, &mut e, &mut v, 1_000..1_050, 2);
         v += 1;
         write(&mut core, &mut e, 2_000, v); // pushes the last of them out of the window
         let admitted = (1_000..1_050).filter(|k| core.holds(*k).is_some()).count();
@@ -700,10 +705,7 @@ mod tests {
         // take the sketch through a halving (every 640 increments here): the fill keys are
         // then estimated at 0, and each newcomer after it at 1.
         let (mut core, mut e, mut v) = filled(11);
-        for k in 1_000..1_700 {
-            v += 1;
-            write(&mut core, &mut e, k, v);
-        }
+        seen(&mut core, &mut e, &mut v, 1_000..1_700, 1);
         let held = (0..99).filter(|k| core.holds(*k).is_some()).count();
         assert_eq!(held, 99, "a newcomer seen once replaced a fill key");
     }
@@ -712,19 +714,9 @@ mod tests {
     fn keys_that_won_their_duel_keep_the_margin() {
         let (mut core, mut e, mut v) = filled(11);
         // Seen twice: they replace the fill keys, and are in the main space by duel.
-        for k in 1_000..1_099 {
-            for _ in 0..2 {
-                v += 1;
-                write(&mut core, &mut e, k, v);
-            }
-        }
+        seen(&mut core, &mut e, &mut v, 1_000..1_099, 2);
         // Seen three times: one more than the winners, which is not enough against them.
-        for k in 3_000..3_030 {
-            for _ in 0..3 {
-                v += 1;
-                write(&mut core, &mut e, k, v);
-            }
-        }
+        seen(&mut core, &mut e, &mut v, 3_000..3_030, 3);
         v += 1;
         write(&mut core, &mut e, 4_000, v); // pushes the last of them out of the window
         assert_eq!(
@@ -742,13 +734,9 @@ mod tests {
         write(&mut core, &mut e, 1_000, v); // the first duel: 0, 1 and 2 enter the cold zone
         e.hit(1); // in the zone: a main space 3 smaller would have lost this hit
         e.hit(50); // far from it: promoted when it enters the zone, no loss
-                   // Keys seen twice replace the fill keys one by one, taking the cold end past 50.
-        for k in 2_000..2_060 {
-            for _ in 0..2 {
-                v += 1;
-                write(&mut core, &mut e, k, v);
-            }
-        }
+
+        // Keys seen twice replace the fill keys one by one, taking the cold end past 50.
+        seen(&mut core, &mut e, &mut v, 2_000..2_060, 2);
         assert!(core.holds(1).is_some() && core.holds(50).is_some());
         assert!(core.holds(51).is_none(), "the cold end went past 50");
         assert_eq!(core.sizer.pending_loss(), 1.0);
