@@ -16,11 +16,10 @@
 //! before pointed the other way: then it waits for a second decision that agrees. Decisions
 //! are at least `DECIDE_EVERY` of the reach apart in new keys, so that a burst of correlated
 //! evidence (a run of rejected keys coming back together) counts once. Both signals come
-//! from writes and looks the policy makes anyway, so the
-//! sizer adds nothing to hits. It reacts within a few hundred new keys, where the hit-ratio
-//! hill climbing it replaced needed samples of 20 lookups per entry of capacity: on short
-//! traces at large capacities that was too few samples to move far from the initial window
-//! (lirs_sprite at 1,000 entries, 134k lookups: 85.7% to 86.2% over three runs of the grid,
+//! from writes and looks the policy makes anyway, so the sizer adds nothing to hits. It
+//! reacts within a few hundred new keys, where the hit-ratio hill climbing it replaced
+//! needed samples of 20 lookups per entry of capacity: on short traces at large capacities
+//! that was too few samples to move far from the initial window (lirs_sprite at 1,000 entries, 134k lookups: 85.7% to 86.2% over three runs of the grid,
 //! against quick_cache's 87.6%; 87.6% to 88.3% with the sizer).
 //!
 //! A loop longer than the cache that follows a recency-heavy phase is the sizer's blind
@@ -221,7 +220,7 @@ impl Sizer {
         let reverses = self.heading == Some(!grow);
         self.heading = Some(grow);
         if reverses {
-            // One decision against the last move is often noise: moving back and forth
+            // One decision against the one before is often noise: moving back and forth
             // costs hits where no fixed size does (lirs_zigzag at 1,000 entries: windows fixed
             // anywhere from 0 to 40% of the capacity reached 47.3% to 47.6%, a window moving
             // back and forth between 0 and 2.5% 46.8%, and 46.9% if held at 1% or more).
