@@ -201,6 +201,12 @@ fn short_name(c: &str) -> String {
 
 fn targets(t: &[Throughput], threads: &[usize], md: &mut String) {
     let _ = writeln!(md, "### Targets\n");
+    let _ = writeln!(
+        md,
+        "Each ratio comes from the one run above. On a machine shared with other work, the \
+         memory-bound rows (`read_uniform`, `read_zipf1`) and the 2-thread rows move from run to \
+         run with what else the host runs, so compare several runs before reading one cell.\n"
+    );
     let _ = writeln!(md, "| target | measured | met |\n| --- | ---: | :---: |");
     let mut row = |what: String, ratio: Option<f64>, goal: f64| {
         let (m, ok) = match ratio {
