@@ -163,7 +163,10 @@ where
     /// Pins the cache for a series of reads that borrow values instead of cloning them.
     ///
     /// While the guard lives, entries removed from the cache are not freed (on any thread),
-    /// so keep it for a batch of reads, not indefinitely.
+    /// so keep it for a batch of reads, not indefinitely. A batch also pays for one epoch
+    /// pin (a full fence) instead of one per [`get`](Cache::get): over a table larger than
+    /// the CPU's cache, that lets the reads' cache misses overlap (docs/BENCHMARKS.md,
+    /// "pin per batch").
     ///
     /// ```
     /// use std::sync::Arc;
