@@ -21,6 +21,12 @@ use crate::sync::{AtomicBool, Ordering};
 /// Upper bound of `-ln U` for `U` in (0, 1] with 53 bits: `53 ln 2 = 36.74`.
 pub(crate) const MAX_NEG_LN_U: f64 = 36.8;
 
+/// The most of a value's lifetime (beyond one load time) that an early refresh may take back:
+/// XFetch's window never opens before `expiry - delta - lifetime / EARLY_SHARE_DIVISOR`. A
+/// refresh started then lands about `lifetime / 5` before the expiry, so loads of one key are
+/// at least 4/5 of a lifetime apart: at most 1.25 per TTL whatever the read rate and beta.
+const EARLY_SHARE_DIVISOR: u64 = 5;
+
 /// First backoff after a failed refresh; it doubles per consecutive failure.
 const BACKOFF_BASE_NANOS: u64 = 100_000_000;
 /// Longest backoff.
@@ -155,8 +161,13 @@ impl RefreshSettings {
         };
         let xfetch_from = match self.beta {
             Some(beta) if expires_at != NEVER && delta > 0 => {
-                let window = (delta as f64 * beta * MAX_NEG_LN_U).ceil();
-                expires_at.saturating_sub(window.min(u64::MAX as f64) as u64)
+                let draw_window = (delta as f64 * beta * MAX_NEG_LN_U).ceil();
+                let draw_window = draw_window.min(u64::MAX as f64) as u64;
+                // The storm guard: without it, once `delta * beta * ln(R * delta * beta)`
+                // exceeds the lifetime, every read after a refresh may refresh again.
+                let lifetime = expires_at.saturating_sub(now);
+                let bound = delta.saturating_add(lifetime / EARLY_SHARE_DIVISOR);
+                expires_at.saturating_sub(draw_window.min(bound))
             }
             _ => NEVER,
         };
@@ -261,6 +272,58 @@ mod tests {
             );
             assert!(observed > last, "probability must rise toward expiry");
             last = observed;
+        }
+    }
+
+    /// Replays one key read `rate` times a second for `ttls` lifetimes of `ttl`, each load
+    /// taking `load`, with XFetch at `beta`: the loads per TTL, and the mean time before
+    /// expiry at which refreshes started.
+    fn simulate(rate: u64, load: u64, ttl: u64, beta: f64, ttls: u64) -> (f64, f64) {
+        let s = xfetch(beta);
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(7);
+        let step = SEC / rate;
+        let (mut expiry, mut st) = (ttl, s.state(0, ttl, load, 0));
+        let (mut loads, mut lead_sum, mut now) = (0u64, 0u64, 0u64);
+        let mut landing: Option<u64> = None;
+        while now < ttls * ttl {
+            if let Some(at) = landing.filter(|&at| now >= at) {
+                landing = None;
+                expiry = at + ttl;
+                st = s.state(at, expiry, load, 0);
+            }
+            let u = crate::rng::to_unit(rng.next_u64());
+            if landing.is_none() && now < expiry && s.due(&st, now, expiry, || u) {
+                loads += 1;
+                lead_sum += expiry - now;
+                landing = Some(now + load);
+            }
+            now += step;
+        }
+        let per_ttl = loads as f64 / ttls as f64;
+        (per_ttl, lead_sum as f64 / loads.max(1) as f64)
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "a simulation of millions of reads, no unsafe code")]
+    fn xfetch_refreshes_about_once_per_ttl_at_any_read_rate() {
+        const MS: u64 = SEC / 1_000;
+        // (load, ttl): the stampede demo's 20 ms in 250 ms, and 100 ms loads in a 1 s TTL.
+        for (load, ttl) in [(20 * MS, 250 * MS), (100 * MS, SEC), (2 * MS, SEC)] {
+            for beta in [0.5, 1.0, 2.0] {
+                let mut leads = Vec::new();
+                for rate in [100, 20_000, 200_000] {
+                    let (per_ttl, lead) = simulate(rate, load, ttl, beta, 20);
+                    assert!(
+                        per_ttl <= 1.3,
+                        "load {load} ttl {ttl} beta {beta} rate {rate}: {per_ttl} loads per TTL"
+                    );
+                    leads.push(lead);
+                }
+                assert!(
+                    leads.windows(2).all(|w| w[0] <= w[1]),
+                    "hotter keys must refresh earlier: {leads:?} (load {load}, beta {beta})"
+                );
+            }
         }
     }
 

@@ -31,6 +31,10 @@ pub enum RemovalCause {
     /// refresh of it (the refresh's old value leaves the table when the refresh starts, though
     /// readers keep being served it until the new one arrives).
     Replaced,
+    /// Heavier (by the [`weigher`](crate::CacheBuilder::weigher)) than the whole
+    /// `max_capacity`: the write that put it in the cache took it out again at once. This is
+    /// the only way a write can be evicted by the admission it triggers.
+    Oversized,
 }
 
 /// The user's eviction listener.
@@ -187,7 +191,10 @@ where
                     guard,
                 );
                 if let Outcome::Removed(old) = outcome {
-                    let cause = if old.value.is_expired(|| now.get()) {
+                    let cause = if v.pkey == write.pkey && v.version == write.version {
+                        pinned.count(Counter::Evictions);
+                        RemovalCause::Oversized
+                    } else if old.value.is_expired(|| now.get()) {
                         pinned.count(Counter::Expirations);
                         RemovalCause::Expired
                     } else {

@@ -141,7 +141,7 @@ fn a_value_heavier_than_the_capacity_is_evicted_at_once() {
     c.insert(2, vec![0; 101]);
     assert_eq!(c.get(&2), None);
     assert_eq!(c.get(&1).map(|v| v.len()), Some(10));
-    assert_eq!(*log.lock().unwrap(), [(2, RemovalCause::Size)]);
+    assert_eq!(*log.lock().unwrap(), [(2, RemovalCause::Oversized)]);
 }
 
 #[test]

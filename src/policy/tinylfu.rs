@@ -188,8 +188,10 @@ impl Core {
         self.max - (self.max as f64 * (1.0 - WINDOW_START)) as u64
     }
 
+    /// Sets the window's share. It never goes below one unit: the newest write waits there
+    /// (see `make_room`), and a window of zero would send it straight to a duel.
     fn set_window(&mut self, window: u64) {
-        self.window_max = window.min(self.max);
+        self.window_max = window.max(1).min(self.max);
         let main = self.max - self.window_max;
         self.protected_max = (main as f64 * PROTECTED_SHARE) as u64;
     }
@@ -247,6 +249,26 @@ impl Core {
         let list = &mut self.lists[region as usize];
         list.tail = i;
         list.weight += self.nodes[i as usize].weight;
+    }
+
+    /// Links `i` into `anchor`'s region just before `anchor` (more recent than all but it).
+    fn push_before(&mut self, i: u32, anchor: u32) {
+        let (region, prev) = {
+            let a = &self.nodes[anchor as usize];
+            (a.region, a.prev)
+        };
+        {
+            let n = &mut self.nodes[i as usize];
+            n.region = region;
+            n.prev = prev;
+            n.next = anchor;
+        }
+        self.nodes[anchor as usize].prev = i;
+        match prev {
+            NIL => self.lists[region as usize].head = i,
+            p => self.nodes[p as usize].next = i,
+        }
+        self.lists[region as usize].weight += self.nodes[i as usize].weight;
     }
 
     fn unlink(&mut self, i: u32) {
@@ -359,11 +381,21 @@ impl Core {
             + self.lists[Region::Protected as usize].weight
     }
 
-    /// The main space's next victim: probation's oldest, else protected's.
-    fn main_victim(&self) -> u32 {
-        match self.lists[Region::Probation as usize].head {
-            NIL => self.lists[Region::Protected as usize].head,
+    /// The main space's next victim: probation's oldest, else protected's; never `newest`
+    /// (the write being made, see `make_room`).
+    fn main_victim(&self, newest: u32) -> u32 {
+        let probation = self.oldest_but(Region::Probation, newest);
+        match probation {
+            NIL => self.oldest_but(Region::Protected, newest),
             v => v,
+        }
+    }
+
+    /// The oldest entry of `region` other than `newest`, or `NIL`.
+    fn oldest_but(&self, region: Region, newest: u32) -> u32 {
+        match self.lists[region as usize].head {
+            h if h == newest && h != NIL => self.nodes[h as usize].next,
+            h => h,
         }
     }
 
@@ -407,7 +439,20 @@ impl Core {
         }
     }
 
-    fn make_room(&mut self, out: &mut Vec<Victim>, probe: &mut Probe<'_>, budget: &mut usize) {
+    /// Brings the regions back within their shares after a write of entry `newest`.
+    ///
+    /// The newest write is never the victim of the admission it triggers (read-your-write,
+    /// DESIGN.md §10 invariant 6): it stays the window's most recent entry (entries given a
+    /// second chance go just before it), so it leaves the window only when it alone
+    /// overflows it, and then it enters the main space without a duel. (`write` evicts an
+    /// entry heavier than the whole capacity before coming here.)
+    fn make_room(
+        &mut self,
+        newest: u32,
+        out: &mut Vec<Victim>,
+        probe: &mut Probe<'_>,
+        budget: &mut usize,
+    ) {
         // The window's overflow goes to the main space, through admission once it is full.
         // The window and the main space are LRU lists whose hits are seen late (at a look),
         // so an entry hit since its last look gets a second chance, as in CLOCK.
@@ -416,7 +461,12 @@ impl Core {
             if c == NIL {
                 break;
             }
-            let lc = self.look(c, probe);
+            let forced = c == newest;
+            let lc = if forced {
+                Look::default()
+            } else {
+                self.look(c, probe)
+            };
             self.unlink(c);
             if lc.expired {
                 self.push(c, Region::Probation);
@@ -425,7 +475,7 @@ impl Core {
             }
             if lc.hits > 0 && *budget > 0 {
                 *budget -= 1;
-                self.push(c, Region::Window);
+                self.requeue_in_window(c, newest);
                 continue;
             }
             let main_max = self.max - self.window_max;
@@ -439,7 +489,7 @@ impl Core {
                 }
                 dueled = true;
                 self.fill_zone(probe, budget);
-                let v = self.main_victim();
+                let v = self.main_victim(newest);
                 if v == NIL {
                     // Heavier than the whole main space: it cannot stay.
                     self.push(c, Region::Probation);
@@ -459,7 +509,7 @@ impl Core {
                     self.promote(v, probe, budget);
                     continue;
                 }
-                if self.admit(c, v) {
+                if forced || self.admit(c, v) {
                     self.evict(v, out);
                 } else {
                     // Back in place only to leave through `evict`'s bookkeeping.
@@ -470,16 +520,28 @@ impl Core {
                 }
             }
         }
-        // Over in total still (a heavy entry, or a window that just grew): main space first.
+        // Over in total still (a heavy entry, or a window that just grew): main space first,
+        // the newest write last.
         while self.weight() > self.max {
-            let v = match self.main_victim() {
-                NIL => self.lists[Region::Window as usize].head,
+            let v = match self.main_victim(newest) {
+                NIL => self.oldest_but(Region::Window, newest),
                 v => v,
             };
             if v == NIL {
                 break;
             }
             self.evict(v, out);
+        }
+    }
+
+    /// A window entry given a second chance goes back as the window's most recent, but
+    /// before the newest write when that is in the window, so the newest stays the last to
+    /// leave.
+    fn requeue_in_window(&mut self, i: u32, newest: u32) {
+        if newest != i && newest != NIL && self.nodes[newest as usize].region == Region::Window {
+            self.push_before(i, newest);
+        } else {
+            self.push(i, Region::Window);
         }
     }
 
@@ -519,7 +581,7 @@ impl EvictionPolicy for Core {
         // every entry ends them; the bound also covers hits arriving meanwhile.
         let mut budget = 2 * self.index.len() + 16;
         self.sketch.increment(pkey);
-        match self.index.get(&pkey) {
+        let newest = match self.index.get(&pkey) {
             Some(&i) => {
                 let n = &mut self.nodes[i as usize];
                 if n.version > version {
@@ -535,6 +597,7 @@ impl EvictionPolicy for Core {
                 let list = &mut self.lists[region as usize];
                 list.weight = list.weight - old + weight;
                 self.touch(i, probe, &mut budget);
+                i
             }
             None => {
                 let i = self.alloc(PNode {
@@ -552,9 +615,15 @@ impl EvictionPolicy for Core {
                 self.push(i, Region::Window);
                 let resize = self.sizer.new_key(pkey, weight, served);
                 self.resize(resize, probe, &mut budget);
+                i
             }
+        };
+        if weight > self.max {
+            // It cannot stay, and making room for it would only evict others for nothing.
+            self.evict(newest, out);
+            return;
         }
-        self.make_room(out, probe, &mut budget);
+        self.make_room(newest, out, probe, &mut budget);
     }
 
     /// The table no longer holds the key's write `version` (nor, then, any older one).
