@@ -82,6 +82,8 @@ pub struct CacheBuilder<K, V, S = DefaultHashBuilder> {
     pub(crate) xfetch_beta: Option<f64>,
     pub(crate) stale_if_error: bool,
     pub(crate) max_concurrent_loads: Option<usize>,
+    pub(crate) load_timeout: Option<Duration>,
+    pub(crate) max_stale: Option<Duration>,
     pub(crate) refresh_spawner: Option<crate::refresh::Spawner>,
     pub(crate) task_spawner: Option<crate::spawn::TaskSpawner>,
     pub(crate) clock: Option<Arc<dyn Clock>>,
@@ -103,6 +105,8 @@ impl<K, V, S> fmt::Debug for CacheBuilder<K, V, S> {
             .field("xfetch_beta", &self.xfetch_beta)
             .field("stale_if_error", &self.stale_if_error)
             .field("max_concurrent_loads", &self.max_concurrent_loads)
+            .field("load_timeout", &self.load_timeout)
+            .field("max_stale", &self.max_stale)
             .field("refresh_spawner", &self.refresh_spawner.is_some())
             .field("task_spawner", &self.task_spawner.is_some())
             .field("clock", &self.clock)
@@ -129,6 +133,8 @@ impl<K, V> CacheBuilder<K, V, DefaultHashBuilder> {
             xfetch_beta: None,
             stale_if_error: false,
             max_concurrent_loads: None,
+            load_timeout: None,
+            max_stale: None,
             refresh_spawner: None,
             task_spawner: None,
             clock: None,
@@ -215,6 +221,59 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     /// loads a deadline, or a bound above the nesting depth.
     pub fn max_concurrent_loads(mut self, loads: usize) -> Self {
         self.max_concurrent_loads = Some(loads);
+        self
+    }
+
+    /// Each load's own deadline, counted from its start (optional, strongly recommended; from
+    /// 1 ns to [`MAX_DURATION`]). A loader that hangs (a dead connection, a lost reply) would
+    /// otherwise hold its key, and with
+    /// [`max_concurrent_loads`](Self::max_concurrent_loads) one of the cache's permits,
+    /// forever. At the deadline the load is detached:
+    ///
+    /// - its waiters get the value it replaces if that expired at most
+    ///   [`max_stale`](Self::max_stale) ago (during an early refresh, the still-valid
+    ///   value), else [`LoadError::LoadTimedOut`](crate::LoadError::LoadTimedOut);
+    /// - its load permit is returned, and the next caller starts a fresh load;
+    /// - a late result is discarded: it never replaces what was written since;
+    /// - it is counted in [`Stats::load_timeouts`](crate::Stats::load_timeouts).
+    ///
+    /// A loader future (`get_or_load_async`, `get_or_load_spawned`) is dropped, so cancelled,
+    /// at its deadline. A thread's loader cannot be stopped: the thread that runs it stays in
+    /// it until it returns, but nobody waits for it any more.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let cache: herdcache::Cache<u64, String> = herdcache::Cache::builder()
+    ///     .max_capacity(10_000)
+    ///     .max_concurrent_loads(64)
+    ///     .load_timeout(Duration::from_secs(2))
+    ///     .build()?;
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    pub fn load_timeout(mut self, timeout: Duration) -> Self {
+        self.load_timeout = Some(timeout);
+        self
+    }
+
+    /// How long past its expiry a value may still be served in place of a load that did not
+    /// finish for the caller: to a waiter whose own deadline passed
+    /// ([`get_or_load_timeout`](Cache::get_or_load_timeout)), to the waiters of a load past
+    /// its [`load_timeout`](Self::load_timeout), and to a caller held back by
+    /// [`max_concurrent_loads`](Self::max_concurrent_loads) (from 0 to [`MAX_DURATION`];
+    /// default 60 seconds). A value expired longer ago is never served: the caller gets the
+    /// timeout error instead.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let cache: herdcache::Cache<u64, String> = herdcache::Cache::builder()
+    ///     .max_capacity(10_000)
+    ///     .time_to_live(Duration::from_secs(30))
+    ///     .max_stale(Duration::from_secs(300))
+    ///     .build()?;
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    pub fn max_stale(mut self, bound: Duration) -> Self {
+        self.max_stale = Some(bound);
         self
     }
 
@@ -367,6 +426,8 @@ impl<K, V, S> CacheBuilder<K, V, S> {
             xfetch_beta: self.xfetch_beta,
             stale_if_error: self.stale_if_error,
             max_concurrent_loads: self.max_concurrent_loads,
+            load_timeout: self.load_timeout,
+            max_stale: self.max_stale,
             refresh_spawner: self.refresh_spawner,
             task_spawner: self.task_spawner,
             clock: self.clock,
@@ -390,9 +451,15 @@ pub(crate) struct Settings {
     pub(crate) negative_ttl: Option<u64>,
     pub(crate) refresh: crate::refresh::RefreshSettings,
     pub(crate) max_concurrent_loads: Option<usize>,
+    pub(crate) load_timeout: Option<Duration>,
+    /// Nanoseconds.
+    pub(crate) max_stale: u64,
     pub(crate) task_spawner: Option<crate::spawn::TaskSpawner>,
     pub(crate) clock: TimeSource,
 }
+
+/// [`CacheBuilder::max_stale`]'s default: one minute.
+const DEFAULT_MAX_STALE_NANOS: u64 = 60_000_000_000;
 
 fn check_duration(setting: &'static str, d: Option<Duration>) -> Result<Option<u64>, BuildError> {
     match d {
@@ -497,6 +564,18 @@ where
                 reason: "must be at least 1",
             });
         }
+        let load_timeout =
+            check_duration("load_timeout", self.load_timeout)?.map(Duration::from_nanos);
+        let max_stale = match self.max_stale {
+            Some(d) if d > MAX_DURATION => {
+                return Err(BuildError::Invalid {
+                    setting: "max_stale",
+                    reason: "must be at most 100 years",
+                })
+            }
+            Some(d) => crate::clock::duration_to_nanos(d),
+            None => DEFAULT_MAX_STALE_NANOS,
+        };
         let clock = match &self.clock {
             Some(c) => TimeSource::Custom(Arc::clone(c)),
             None => TimeSource::System(SystemClock::new()),
@@ -513,6 +592,8 @@ where
                 spawner: self.refresh_spawner.clone(),
             },
             max_concurrent_loads: self.max_concurrent_loads,
+            load_timeout,
+            max_stale,
             task_spawner: self.task_spawner.clone(),
             clock,
         })
@@ -587,6 +668,18 @@ mod tests {
             (
                 builder().max_capacity(10).refresh_after(Duration::ZERO),
                 "refresh_after",
+            ),
+            (
+                builder().max_capacity(10).load_timeout(Duration::ZERO),
+                "load_timeout",
+            ),
+            (
+                builder().max_capacity(10).load_timeout(Duration::MAX),
+                "load_timeout",
+            ),
+            (
+                builder().max_capacity(10).max_stale(Duration::MAX),
+                "max_stale",
             ),
         ];
         for (b, setting) in cases {

@@ -43,6 +43,11 @@ pub(crate) struct Inner<K, V, S> {
     pub(crate) negative_ttl: Option<u64>,
     pub(crate) refresh: RefreshSettings,
     pub(crate) limiter: Option<Arc<Limiter>>,
+    /// Each load's own deadline, from its start.
+    pub(crate) load_timeout: Option<Duration>,
+    /// How long past its expiry a value may still be served in place of a load that did
+    /// not finish for the caller (nanoseconds).
+    pub(crate) max_stale: u64,
     /// Runs the loads of `get_or_load_spawned`.
     pub(crate) task_spawner: Option<crate::spawn::TaskSpawner>,
     /// Coordinates loads across instances.
@@ -116,7 +121,9 @@ where
                 refresh: settings.refresh,
                 limiter: settings
                     .max_concurrent_loads
-                    .map(|n| Arc::new(Limiter::new(n))),
+                    .map(|n| Arc::new(Limiter::new(n, settings.load_timeout))),
+                load_timeout: settings.load_timeout,
+                max_stale: settings.max_stale,
                 task_spawner: settings.task_spawner,
                 #[cfg(feature = "redis")]
                 shared,
@@ -186,6 +193,11 @@ where
 
     /// Inserts `value` for `key`, replacing any previous value, with the cache's
     /// `time_to_live` (if one is set). May evict other entries to stay within capacity.
+    ///
+    /// Read-your-write: the entry written is never the one evicted to make room for it, so
+    /// the next read (from any thread) finds it until later writes push it out, an
+    /// invalidation removes it, or it expires. The one exception is an entry heavier than the
+    /// whole capacity, which leaves at once with [`RemovalCause::Oversized`].
     ///
     /// An insert wins over a load of the same key in progress: the load's result still goes to
     /// its waiters but is not cached.

@@ -36,8 +36,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
+use crate::pacing::Permit;
 use crate::sync::thread::{self, Thread};
-use crate::sync::{AtomicPtr, AtomicU8, AtomicUsize, Mutex, Ordering, UnsafeCell};
+use crate::sync::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Mutex, Ordering, UnsafeCell};
 
 /// How a load ended, as stored in the flight for every waiter.
 #[derive(Debug)]
@@ -48,9 +49,14 @@ pub(crate) enum FlightResult<V> {
     Failed(Arc<dyn Any + Send + Sync>),
     /// The loader panicked.
     Panicked,
-    /// The leader was dropped before its load finished (a cancelled future): nothing was
-    /// loaded, and each waiter looks at the key again, so one of them leads a new load.
+    /// The leader was dropped before its load finished (a cancelled future), or the load
+    /// was detached by `forget`: nothing was cached, and each waiter looks at the key again,
+    /// so one of them leads a new load.
     Abandoned,
+    /// The load ran past its deadline (`load_timeout`) and was detached: its waiters get
+    /// the stale value within its bound or `LoadError::LoadTimedOut`, and the next caller
+    /// starts a fresh load.
+    TimedOut,
 }
 
 /// Waiter node states.
@@ -94,9 +100,18 @@ pub(crate) struct Flight<V> {
     /// waiting for its spawner to run it): lets a loader that re-enters for its own key get an
     /// error instead of waiting on itself.
     leader: AtomicUsize,
+    /// The replaced entry's load-time estimate and failed-refresh count.
+    history: (u64, u32),
+    /// When the load is timed out (`load_timeout`), if ever.
+    deadline: Option<Instant>,
+    /// Set by the one caller that completes the flight: the leader with its result, or
+    /// whoever detaches it first (its deadline, `forget`).
+    completing: AtomicBool,
+    /// The load's permit (`max_concurrent_loads`), given back by the completion.
+    permit: Mutex<Option<Permit>>,
 }
 
-// SAFETY: the result cell is written once, by the leader, before `waiters` is closed with
+// SAFETY: the result cell is written once, by the completer, before `waiters` is closed with
 // Release, and read only after `waiters` is seen closed with Acquire; `V` is shared by
 // reference with every waiter (hence `Sync`) and may be dropped on any thread (hence `Send`).
 unsafe impl<V: Send + Sync> Send for Flight<V> {}
@@ -116,11 +131,22 @@ fn closed() -> *mut Waiter {
     NonNull::dangling().as_ptr()
 }
 
+/// What a new flight starts with.
+pub(crate) struct Start<V> {
+    /// The value the load replaces, with its hard expiry.
+    pub(crate) stale: Option<(V, u64)>,
+    /// The replaced entry's load-time estimate and failed-refresh count.
+    pub(crate) history: (u64, u32),
+    /// When the load is timed out.
+    pub(crate) deadline: Option<Instant>,
+    /// The load's permit.
+    pub(crate) permit: Option<Permit>,
+}
+
 impl<V> Flight<V> {
-    /// A flight led by the calling thread, replacing `stale` (a value and its hard expiry)
-    /// if there is one.
-    pub(crate) fn new(stale: Option<(V, u64)>) -> Self {
-        let (stale, stale_valid_until) = match stale {
+    /// A flight led by the calling thread.
+    pub(crate) fn new(start: Start<V>) -> Self {
+        let (stale, stale_valid_until) = match start.stale {
             Some((v, until)) => (Some(v), until),
             None => (None, 0),
         };
@@ -130,7 +156,29 @@ impl<V> Flight<V> {
             stale,
             stale_valid_until,
             leader: AtomicUsize::new(thread::token()),
+            history: start.history,
+            deadline: start.deadline,
+            completing: AtomicBool::new(false),
+            permit: Mutex::new(start.permit),
         }
+    }
+
+    /// The replaced entry's load-time estimate and failed-refresh count.
+    pub(crate) fn history(&self) -> (u64, u32) {
+        self.history
+    }
+
+    /// When the load is timed out, if ever.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// Whether the load has run past its deadline at `now`. loom has no time: there, a load
+    /// with a deadline is overdue at every check, which loom places at every point relative
+    /// to the load's completion.
+    pub(crate) fn overdue(&self, now: Instant) -> bool {
+        self.deadline
+            .is_some_and(|d| now >= d || cfg!(herdcache_loom))
     }
 
     /// The replaced value if it is still valid at `now` (a refresh in progress).
@@ -182,12 +230,17 @@ impl<V> Flight<V> {
         self.result.with(|r| unsafe { (*r).as_ref() })
     }
 
-    /// Stores the result and wakes every waiter.
-    ///
-    /// # Safety
-    /// Called at most once per flight, by its leader.
-    pub(crate) unsafe fn complete(&self, result: FlightResult<V>) {
-        // SAFETY: the caller is the only writer, and no reader reads before the close below.
+    /// Stores the result, wakes every waiter and gives the load's permit back, unless the
+    /// flight was completed already (a detached load finishing late): then `result` is
+    /// dropped and this returns false.
+    pub(crate) fn complete(&self, result: FlightResult<V>) -> bool {
+        // Relaxed: the claim only elects the writer; the result is published by the Release
+        // swap below.
+        if self.completing.swap(true, Ordering::Relaxed) {
+            return false;
+        }
+        // SAFETY: the claim above makes us the only writer, and no reader reads before the
+        // close below.
         self.result.with_mut(|r| unsafe { *r = Some(result) });
         // AcqRel: Release publishes the result; Acquire makes the pushed nodes' fields visible.
         let mut node = self.waiters.swap(closed(), Ordering::AcqRel);
@@ -216,6 +269,10 @@ impl<V> Flight<V> {
                 }
             }
         }
+        // After the wake-ups: a caller queued for a permit then finds the key settled.
+        let permit = self.permit.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(permit);
+        true
     }
 
     /// Pushes `node` (an `Arc` reference given to the stack) unless the flight is complete;
@@ -375,9 +432,39 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    fn start(stale: Option<(u32, u64)>) -> Start<u32> {
+        Start {
+            stale,
+            history: (0, 0),
+            deadline: None,
+            permit: None,
+        }
+    }
+
+    #[test]
+    fn only_the_first_completion_counts_and_it_gives_the_permit_back() {
+        let limiter = Arc::new(crate::pacing::Limiter::new(1, None));
+        let flight: Flight<u32> = Flight::new(Start {
+            permit: limiter.try_acquire(),
+            ..start(None)
+        });
+        assert!(
+            limiter.try_acquire().is_none(),
+            "the flight holds the only permit"
+        );
+        assert!(flight.complete(FlightResult::TimedOut));
+        assert!(
+            limiter.try_acquire().is_some(),
+            "completion returns the permit"
+        );
+        // The hung leader finishing late changes nothing.
+        assert!(!flight.complete(FlightResult::Value(9)));
+        assert!(matches!(flight.result(), Some(FlightResult::TimedOut)));
+    }
+
     #[test]
     fn every_waiter_gets_the_result_and_late_waiters_read_it_at_once() {
-        let flight: Arc<Flight<u32>> = Arc::new(Flight::new(None));
+        let flight: Arc<Flight<u32>> = Arc::new(Flight::new(start(None)));
         let waiters: Vec<_> = (0..3)
             .map(|_| {
                 let f = Arc::clone(&flight);
@@ -387,8 +474,7 @@ mod tests {
                 })
             })
             .collect();
-        // SAFETY: this thread leads the flight and completes it once.
-        unsafe { flight.complete(FlightResult::Value(7)) };
+        assert!(flight.complete(FlightResult::Value(7)));
         for w in waiters {
             assert_eq!(w.join().unwrap(), 7);
         }
@@ -397,12 +483,11 @@ mod tests {
 
     #[test]
     fn a_waiter_past_its_deadline_leaves_and_the_flight_completes_anyway() {
-        let flight: Flight<u32> = Flight::new(Some((1, 0)));
+        let flight: Flight<u32> = Flight::new(start(Some((1, 0))));
         let passed = Instant::now() - Duration::from_millis(1);
         assert!(flight.wait(Some(passed)).is_none());
         assert_eq!(flight.stale(), Some(&1));
-        // SAFETY: led by this thread, completed once.
-        unsafe { flight.complete(FlightResult::Panicked) };
+        assert!(flight.complete(FlightResult::Panicked));
         assert!(matches!(flight.result(), Some(FlightResult::Panicked)));
         assert!(flight.led_by_current_thread());
     }

@@ -27,12 +27,14 @@ use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use crate::cache::Cache;
 use crate::flight::{Flight, FlightResult, Subscription};
 use crate::load::{Joined, Lead, LoadError, Step};
-use crate::pacing::{Limiter, Permit};
+use crate::pacing::{Limiter, Permit, Queued};
 use crate::stats::Counter;
+use crate::timer::{OrDeadline, Sleep};
 
 impl<K, V, S> Cache<K, V, S>
 where
@@ -217,23 +219,42 @@ where
         // No thread runs the loader: the future may move between threads.
         lead.flight.clear_leader();
         let started = lead.cache.now();
-        let load = pin!(loader(&lead.key));
-        let load = CatchPanic {
-            load,
-            panicked: &lead.panicked,
+        // The load's own deadline: past it, the loader future is dropped (at the end of this
+        // block, before the flight is detached).
+        let sleep = lead.flight.deadline().map(Sleep::until);
+        let outcome = {
+            let load = pin!(loader(&lead.key));
+            let load = CatchPanic {
+                load,
+                panicked: &lead.panicked,
+            };
+            #[cfg(feature = "redis")]
+            let tier = lead.cache.inner.shared.as_ref().filter(|_| on_tokio());
+            #[cfg(not(feature = "redis"))]
+            let tier: Option<std::convert::Infallible> = None;
+            match tier {
+                #[cfg(feature = "redis")]
+                Some(tier) => {
+                    let (ttl, refreshing) = lead.shared_plan();
+                    let domain = &lead.cache.inner.domain;
+                    let count = move |c| domain.pin().count(c);
+                    let fetched = pin!(tier.load_async(&lead.key, ttl, refreshing, &count, load));
+                    (OrDeadline {
+                        inner: fetched,
+                        sleep,
+                    })
+                    .await
+                    .map(|f| (f.result, f.ttl))
+                }
+                #[cfg(not(feature = "redis"))]
+                Some(never) => match never {},
+                None => (OrDeadline { inner: load, sleep }).await.map(|r| (r, None)),
+            }
         };
-        #[cfg(feature = "redis")]
-        if let Some(tier) = lead.cache.inner.shared.as_ref().filter(|_| on_tokio()) {
-            let (ttl, refreshing) = lead.shared_plan();
-            let domain = &lead.cache.inner.domain;
-            let count = move |c| domain.pin().count(c);
-            let fetched = tier
-                .load_async(&lead.key, ttl, refreshing, &count, load)
-                .await;
-            return Self::conclude_at(lead, started, fetched.result, fetched.ttl);
+        match outcome {
+            Some((result, ttl)) => Self::conclude_at(lead, started, result, ttl),
+            None => lead.time_out(),
         }
-        let result = load.await;
-        Self::conclude(lead, started, result)
     }
 
     /// The futures' miss path; `hand_off` says whether a load this caller wins runs inline or
@@ -279,6 +300,8 @@ where
                 Step::Throttled(limiter) => {
                     let acquiring = Acquiring {
                         limiter: &limiter,
+                        queued: Queued::default(),
+                        reclaim: None,
                         deadline: deadline.as_mut(),
                     };
                     match acquiring.await {
@@ -296,8 +319,13 @@ where
                 flight: &flight,
                 sub: flight.subscribe(),
                 deadline: deadline.as_mut(),
+                load_deadline: flight.deadline().map(Sleep::until),
             };
-            let outcome = waiting.await;
+            let mut outcome = waiting.await;
+            if outcome.is_none() && flight.overdue(Instant::now()) {
+                self.time_out(key, hash, &flight);
+                outcome = flight.result();
+            }
             match self.joined(&flight, outcome) {
                 Joined::Done(r) => return r,
                 // Our own task was dropped unfinished (the only way our load retries).
@@ -343,13 +371,16 @@ fn deadline_passed<D: Future<Output = ()>>(
     }
 }
 
-/// Waits on another caller's flight until its result, or until the deadline (`None`).
+/// Waits on another caller's flight until its result, or until the caller's deadline or the
+/// load's own (`None`).
 struct Waiting<'a, V, D> {
     flight: &'a Flight<V>,
     /// Our place among the waiters; `None` once the result is ours (or was available when we
     /// subscribed) or we left.
     sub: Option<Subscription>,
     deadline: Pin<&'a mut Option<D>>,
+    /// The load's deadline (`load_timeout`), after which the waiter detaches it.
+    load_deadline: Option<Sleep>,
 }
 
 impl<'a, V, D: Future<Output = ()>> Future for Waiting<'a, V, D> {
@@ -365,7 +396,11 @@ impl<'a, V, D: Future<Output = ()>> Future for Waiting<'a, V, D> {
             this.sub = None;
             return Poll::Ready(Some(r));
         }
-        if deadline_passed(&mut this.deadline, cx) {
+        let load_overdue = match &mut this.load_deadline {
+            Some(s) => Pin::new(s).poll(cx).is_ready(),
+            None => false,
+        };
+        if load_overdue || deadline_passed(&mut this.deadline, cx) {
             flight.unsubscribe(sub);
             this.sub = None;
             // A completion that raced the deadline still counts.
@@ -383,9 +418,12 @@ impl<V, D> Drop for Waiting<'_, V, D> {
     }
 }
 
-/// Waits for a load permit until the deadline (`None`).
+/// Waits in the limiter's queue for a load permit until the deadline (`None`).
 struct Acquiring<'a, D> {
     limiter: &'a Arc<Limiter>,
+    queued: Queued,
+    /// A wake-up for when a timed-out load's permit can be taken back.
+    reclaim: Option<Sleep>,
     deadline: Pin<&'a mut Option<D>>,
 }
 
@@ -394,13 +432,25 @@ impl<D: Future<Output = ()>> Future for Acquiring<'_, D> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        if let Poll::Ready(p) = this.limiter.poll_acquire(cx) {
-            return Poll::Ready(Some(p));
+        loop {
+            if let Poll::Ready(p) = this.limiter.poll_acquire(&mut this.queued, cx) {
+                return Poll::Ready(Some(p));
+            }
+            if deadline_passed(&mut this.deadline, cx) {
+                return Poll::Ready(None); // `queued` leaves the queue when dropped
+            }
+            let Some(at) = this.queued.reclaim_at else {
+                return Poll::Pending;
+            };
+            let sleep = match &mut this.reclaim {
+                Some(s) if s.at() == at => s,
+                slot => slot.insert(Sleep::until(at)),
+            };
+            if Pin::new(sleep).poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            // A permit can be taken back now: ask again.
         }
-        if deadline_passed(&mut this.deadline, cx) {
-            return Poll::Ready(None);
-        }
-        Poll::Pending
     }
 }
 

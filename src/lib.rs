@@ -76,12 +76,22 @@
 //! - A panicking loader wakes every waiter with [`LoadError::Panicked`]; the panic continues
 //!   in the caller that ran it, and the next caller loads afresh. Nothing stays parked.
 //! - [`Cache::get_or_load_timeout`] bounds the wait: at the deadline a waiter gets the expired
-//!   value the load is replacing, if there is one, else [`LoadError::Timeout`]; the load goes
-//!   on for the others and is cached. (The ordering guarantee: a waiter that gets a value got
-//!   the load's value or the stale one, never a value older than the stale one.)
-//! - An [`insert`](Cache::insert), [`invalidate`](Cache::invalidate) or
-//!   [`forget`](Cache::forget) during a load wins: the load's result reaches its own waiters
-//!   but is not cached, so it can never overwrite newer data.
+//!   value the load is replacing, if it expired at most [`max_stale`](CacheBuilder::max_stale)
+//!   ago, else [`LoadError::Timeout`]; the load goes on for the others and is cached. (The
+//!   ordering guarantee: a waiter that gets a value got the load's value or the stale one,
+//!   never a value older than the stale one.)
+//! - Every load has its own deadline with [`load_timeout`](CacheBuilder::load_timeout)
+//!   (strongly recommended): a loader that hangs is detached at it, its waiters are answered
+//!   (the stale value within `max_stale`, else [`LoadError::LoadTimedOut`]), its load permit
+//!   is returned, the next caller loads afresh, and its late result is never cached.
+//! - An [`insert`](Cache::insert) or [`invalidate`](Cache::invalidate) during a load wins:
+//!   the load's result reaches its own waiters but is not cached, so it can never overwrite
+//!   newer data. [`forget`](Cache::forget) detaches a load: its waiters look again (one of
+//!   them leads a new load) and its result is not cached.
+//! - Read-your-write: a value just written, by [`insert`](Cache::insert) or by a load, is
+//!   never evicted by the admission its own write triggers, so the next read finds it and a
+//!   hot key is never loaded twice in a row. (Only an entry heavier than the whole capacity
+//!   leaves at once, reported as [`RemovalCause::Oversized`].)
 //! - A loader that calls back into the cache for its own key gets [`LoadError::Recursive`].
 //!
 //! # Refreshing before expiry
@@ -91,7 +101,11 @@
 //!
 //! - [`xfetch(beta)`](CacheBuilder::xfetch): XFetch probabilistic early expiration. A hit
 //!   refreshes when `now - delta * beta * ln(U) >= expiry` (delta: the measured load time, U:
-//!   uniform in (0, 1] from a per-thread RNG). Far from expiry a hit pays one comparison.
+//!   uniform in (0, 1] from a per-thread RNG). Far from expiry a hit pays one comparison. At
+//!   R reads a second the first refresh comes about `delta * beta * ln(R * delta * beta)`
+//!   before the expiry, so hotter keys refresh earlier; it never comes before
+//!   `expiry - delta - ttl / 5`, so a key is loaded at most about 1.25 times per TTL however
+//!   hot it is and whatever the beta.
 //! - [`refresh_after(soft_ttl)`](CacheBuilder::refresh_after): stale-while-revalidate. After
 //!   the soft TTL the next `get_or_load` refreshes; the hard TTL still bounds staleness.
 //! - [`stale_if_error(true)`](CacheBuilder::stale_if_error): a failed refresh keeps the old
@@ -170,8 +184,12 @@
 //! # Pacing loads
 //!
 //! [`max_concurrent_loads(n)`](CacheBuilder::max_concurrent_loads) bounds the loads in flight
-//! across all keys (a caller over the bound serves its stale value, or waits for a permit);
-//! [`Cache::warm`] loads a list of keys with bounded parallelism before serving.
+//! across all keys: a caller over the bound serves its stale value, or queues for a permit;
+//! a released permit goes to the first caller in the queue, and only that one is woken. With
+//! a [`load_timeout`](CacheBuilder::load_timeout), a hung load's permit is taken back at its
+//! deadline, so hung loaders cannot starve the cache. [`Cache::warm`] loads a list of keys
+//! with bounded parallelism (at most [`MAX_WARM_CONCURRENCY`] and the permits) before
+//! serving.
 //!
 //! # Expiry and time
 //!
@@ -253,6 +271,7 @@ mod spawn;
 mod stats;
 mod sync;
 mod table;
+mod timer;
 mod warm;
 
 pub use builder::{BuildError, CacheBuilder, MAX_CAPACITY_LIMIT, MAX_DURATION};
@@ -263,7 +282,7 @@ pub use refresh::RefreshJob;
 pub use removal::RemovalCause;
 pub use spawn::LoadTask;
 pub use stats::Stats;
-pub use warm::{WarmProgress, WarmReport};
+pub use warm::{WarmProgress, WarmReport, MAX_WARM_CONCURRENCY};
 
 /// README.md's examples, compiled and run as doctests so that they stay true.
 #[cfg(doctest)]

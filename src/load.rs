@@ -21,7 +21,7 @@ use crossbeam_epoch::Owned;
 use crate::cache::Cache;
 use crate::clock::OnceNow;
 use crate::entry::{Entry, Kind};
-use crate::flight::{Flight, FlightResult};
+use crate::flight::{Flight, FlightResult, Start};
 use crate::pacing::Permit;
 use crate::refresh::RefreshState;
 use crate::removal::RemovalCause;
@@ -38,9 +38,16 @@ pub enum LoadError<E> {
     /// The loader panicked. The panic continued in the caller that ran the loader; the others
     /// get this error, and the next caller starts a fresh load.
     Panicked,
-    /// The deadline passed before the load finished, and no expired value was kept to serve
-    /// instead. The load carries on for the others.
+    /// This caller's own deadline passed before the load finished, and no expired value
+    /// within [`max_stale`](crate::CacheBuilder::max_stale) was kept to serve instead. The
+    /// load carries on for the others.
     Timeout,
+    /// The load itself ran past the cache's
+    /// [`load_timeout`](crate::CacheBuilder::load_timeout), and no expired value within
+    /// [`max_stale`](crate::CacheBuilder::max_stale) was kept to serve instead. The load was
+    /// detached: its permit is back, its late result will not be cached, and the next call
+    /// starts a fresh load.
+    LoadTimedOut,
     /// The loader called back into the cache for the key it is loading; waiting on itself
     /// would never end.
     Recursive,
@@ -57,6 +64,7 @@ impl<E> Clone for LoadError<E> {
             LoadError::Failed(e) => LoadError::Failed(Arc::clone(e)),
             LoadError::Panicked => LoadError::Panicked,
             LoadError::Timeout => LoadError::Timeout,
+            LoadError::LoadTimedOut => LoadError::LoadTimedOut,
             LoadError::Recursive => LoadError::Recursive,
             LoadError::Cancelled => LoadError::Cancelled,
         }
@@ -69,6 +77,7 @@ impl<E: fmt::Display> fmt::Display for LoadError<E> {
             LoadError::Failed(e) => write!(f, "loader failed: {e}"),
             LoadError::Panicked => f.write_str("loader panicked"),
             LoadError::Timeout => f.write_str("timed out waiting for the load"),
+            LoadError::LoadTimedOut => f.write_str("the load ran past its load_timeout"),
             LoadError::Recursive => f.write_str("loader re-entered the cache for its own key"),
             LoadError::Cancelled => f.write_str("the spawned load was dropped before it finished"),
         }
@@ -107,11 +116,13 @@ where
     /// The caller that finds the key missing first runs `loader` (inline, on its own thread);
     /// every other caller for that key parks until the load finishes and receives the same
     /// value or the same error. The value is cached (with the cache's TTL) before any waiter
-    /// wakes, so later readers hit it. Errors are not cached unless
+    /// wakes, so later readers hit it, and the admission that caching triggers never evicts
+    /// it: the next call for the key does not load again. Errors are not cached unless
     /// [`negative_ttl`](crate::CacheBuilder::negative_ttl) is set.
     ///
     /// A loader that panics wakes every waiter with [`LoadError::Panicked`] and its panic
-    /// continues in this caller. A loader that calls back into this cache for the same key gets
+    /// continues in this caller. With a [`load_timeout`](crate::CacheBuilder::load_timeout),
+    /// waiters stop waiting for a loader that hangs: see there. A loader that calls back into this cache for the same key gets
     /// [`LoadError::Recursive`] there instead of deadlocking.
     ///
     /// ```
@@ -191,9 +202,10 @@ where
         }
     }
 
-    /// Detaches the load of `key` in progress, if any: callers from now on start a new load,
-    /// and the detached load's result goes to its own waiters but is not cached. Returns
-    /// whether a load was detached.
+    /// Detaches the load of `key` in progress, if any, and returns whether it did. The load's
+    /// waiters are woken and look at the key again (so one of them leads a new load), its
+    /// load permit is returned, and its result, if it ever comes, goes to its leader only and
+    /// is not cached.
     pub fn forget<Q>(&self, key: &Q) -> bool
     where
         K: Borrow<Q>,
@@ -213,10 +225,79 @@ where
             Outcome::Removed(old) => {
                 // The policy may still track the write the load replaced.
                 self.forget_in_policy(old.value.pkey, old.value.version);
+                if let Kind::Loading(flight) = &old.value.kind {
+                    // Its waiters look again (one leads a new load) and its permit is back;
+                    // the detached loader's late result is refused by the version check.
+                    flight.complete(FlightResult::Abandoned);
+                }
                 true
             }
             _ => false,
         }
+    }
+
+    /// Detaches a load past its deadline (`load_timeout`) if the slot still holds it: a
+    /// refresh's still-valid value goes back in place (the next refresh backs off), anything
+    /// else is removed; then the flight completes as `TimedOut`, which wakes its waiters and
+    /// returns its permit. The loader, if it ever returns, finds its version gone.
+    pub(crate) fn time_out(&self, key: &K, hash: u64, flight: &Arc<Flight<V>>) {
+        let now = self.now();
+        let restore = flight.serving(|| now).map(|v| {
+            let (delta, failures) = flight.history();
+            let weight = self.weight_of(key, v);
+            let pkey = self.pkey(key);
+            let entry = self.ready_entry(
+                pkey,
+                v.clone(),
+                flight.stale_valid_until(),
+                delta,
+                failures + 1,
+            );
+            (Owned::new(Node::new(hash, key.clone(), entry)), weight)
+        });
+        let (node, weight) = match restore {
+            Some((n, w)) => (Some(n), w),
+            None => (None, 0),
+        };
+        let restoring = node.is_some();
+        let ours = |cur: Option<&Node<K, Entry<V>>>| match cur {
+            Some(n) if matches!(&n.value.kind, Kind::Loading(f) if Arc::ptr_eq(f, flight)) => {
+                if restoring {
+                    Decision::Put
+                } else {
+                    Decision::Remove
+                }
+            }
+            _ => Decision::Keep,
+        };
+        let pinned = self.inner.domain.pin();
+        let outcome = self
+            .inner
+            .table
+            .update(hash, |k| k == key, node, ours, &pinned.guard);
+        match outcome {
+            Outcome::Replaced(_, new) => self.admit(new, weight, &pinned),
+            Outcome::Removed(old) => self.forget_in_policy(old.value.pkey, old.value.version),
+            _ => {}
+        }
+        if flight.complete(FlightResult::TimedOut) {
+            pinned.count(Counter::LoadTimeouts);
+        }
+    }
+
+    /// The value a caller gets in place of a load that did not finish for it: the expired
+    /// (or, during a refresh, still valid) value the load replaces, if it expired at most
+    /// `max_stale` ago.
+    pub(crate) fn fallback(&self, flight: &Flight<V>) -> Option<V> {
+        let v = flight.stale()?;
+        self.within_stale_bound(flight.stale_valid_until())
+            .then(|| v.clone())
+    }
+
+    /// Whether a value that expires (or expired) at `expires_at` may still be served as a
+    /// fallback now.
+    pub(crate) fn within_stale_bound(&self, expires_at: u64) -> bool {
+        self.now() <= expires_at.saturating_add(self.inner.max_stale)
     }
 
     /// The miss path up to the loader, for a thread: a hit, a joined flight, a cached error
@@ -238,7 +319,15 @@ where
                         return Begin::Done(Err(LoadError::Recursive));
                     }
                     self.inner.domain.pin().count(Counter::CoalescedWaits);
-                    let outcome = flight.wait(deadline);
+                    let until = match (deadline, flight.deadline()) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                    let mut outcome = flight.wait(until);
+                    if outcome.is_none() && flight.overdue(Instant::now()) {
+                        self.time_out(key, hash, &flight);
+                        outcome = flight.result();
+                    }
                     match self.joined(&flight, outcome) {
                         Joined::Done(r) => return Begin::Done(r),
                         Joined::Retry => continue,
@@ -299,6 +388,13 @@ where
                         replaced = Some((r.value.clone(), r.expires_at));
                     }
                     Kind::Loading(flight) => {
+                        if flight.overdue(Instant::now()) {
+                            // A hung load: detach it, then look again (and lead a new one).
+                            let flight = Arc::clone(flight);
+                            drop(pinned);
+                            self.time_out(key, hash, &flight);
+                            continue;
+                        }
                         pinned.count(Counter::Misses);
                         return Step::Wait(Arc::clone(flight));
                     }
@@ -327,9 +423,12 @@ where
                         if let Some(state) = claimed {
                             state.unclaim(); // skip this refresh; a later read retries it
                         }
-                        // The value a refresh would replace (still valid), or an expired one.
-                        if let Some((stale, _)) = replaced {
-                            return Step::Done(Ok(stale));
+                        // The value a refresh would replace (still valid), or an expired one
+                        // within the staleness bound.
+                        if let Some((stale, expires_at)) = replaced {
+                            if self.within_stale_bound(expires_at) {
+                                return Step::Done(Ok(stale));
+                            }
                         }
                         return Step::Throttled(Arc::clone(limiter));
                     }
@@ -341,7 +440,15 @@ where
             // "unchanged".
             let seen = current.map(|n| n.value.version);
             let version = self.next_version();
-            let flight = Arc::new(Flight::new(replaced));
+            let flight = Arc::new(Flight::new(Start {
+                stale: replaced,
+                history,
+                deadline: self
+                    .inner
+                    .load_timeout
+                    .and_then(|t| Instant::now().checked_add(t)),
+                permit,
+            }));
             let pkey = self.pkey(key);
             let loading = Entry::loading(version, pkey, Arc::clone(&flight));
             let node = Owned::new(Node::new(hash, key.clone(), loading));
@@ -384,10 +491,8 @@ where
                 pkey,
                 version,
                 flight,
-                history,
                 finished: false,
                 panicked: AtomicBool::new(false),
-                _permit: permit,
             });
         }
     }
@@ -408,9 +513,12 @@ where
             Some(FlightResult::Panicked) => Joined::Done(Err(LoadError::Panicked)),
             // The leader was cancelled: look again, and lead the load if nobody else does.
             Some(FlightResult::Abandoned) => Joined::Retry,
+            Some(FlightResult::TimedOut) => {
+                Joined::Done(self.fallback(flight).ok_or(LoadError::LoadTimedOut))
+            }
             None => {
                 self.inner.domain.pin().count(Counter::Timeouts);
-                Joined::Done(flight.stale().cloned().ok_or(LoadError::Timeout))
+                Joined::Done(self.fallback(flight).ok_or(LoadError::Timeout))
             }
         }
     }
@@ -461,7 +569,7 @@ where
     {
         let cache = lead.cache.clone();
         let finished = cache.now();
-        let (previous_delta, _) = lead.history;
+        let (previous_delta, _) = lead.flight.history();
         match result {
             Ok(value) => {
                 let delta =
@@ -559,14 +667,10 @@ where
     /// The version of our `Loading` entry.
     version: u64,
     pub(crate) flight: Arc<Flight<V>>,
-    /// The replaced entry's load-time estimate and failed-refresh count.
-    history: (u64, u32),
     finished: bool,
     /// Set when a loader future panicked inside a poll (its state is dropped only later, when
     /// the thread is no longer unwinding).
     pub(crate) panicked: AtomicBool,
-    /// Released after the flight is finished (fields drop after `Drop::drop`).
-    _permit: Option<Permit>,
 }
 
 impl<K, V, S> Lead<K, V, S>
@@ -639,7 +743,7 @@ where
     fn restore_stale(&mut self, now: u64) -> Option<V> {
         let old = self.flight.serving(|| now).cloned()?;
         let until = self.flight.stale_valid_until();
-        let (delta, failures) = self.history;
+        let (delta, failures) = self.flight.history();
         let cache = self.cache.clone();
         let weight = cache.weight_of(&self.key, &old);
         let pkey = self.pkey;
@@ -651,12 +755,25 @@ where
     }
 
     /// Completes the flight (after the table has been updated, so that a woken waiter and
-    /// every later reader see the same state).
-    fn finish(&mut self, result: FlightResult<V>) {
+    /// every later reader see the same state). A flight detached meanwhile (its deadline,
+    /// `forget`) was completed already; then this changes nothing.
+    pub(crate) fn finish(&mut self, result: FlightResult<V>) {
         self.finished = true;
-        // SAFETY: `Lead` exists once per flight, held by its leader, and `finished` makes this
-        // the only completion.
-        unsafe { self.flight.complete(result) };
+        self.flight.complete(result);
+    }
+
+    /// Detaches this load at its deadline (an inline or spawned loader future, dropped by
+    /// the caller right after): what its caller gets instead of a value.
+    pub(crate) fn time_out<E>(mut self) -> Result<V, LoadError<E>> {
+        self.cache.time_out(&self.key, self.hash, &self.flight);
+        self.finished = true;
+        match self.flight.result() {
+            Some(FlightResult::Value(v)) => Ok(v.clone()),
+            _ => self
+                .cache
+                .fallback(&self.flight)
+                .ok_or(LoadError::LoadTimedOut),
+        }
     }
 }
 

@@ -1,119 +1,316 @@
 //! Admission control for loads: a cache-wide count of permits, one per load in flight.
 //!
-//! Taking a permit is a CAS on the count; only a caller that finds none blocks, on a condition
-//! variable (the miss path may wait, the hit path never comes here), or, for a future,
-//! leaves its waker in the list under the same lock. A permit is released by dropping it, so
-//! a panicking loader releases its permit too.
+//! Callers that find no permit queue in arrival order, and a released permit is handed to
+//! the first of them (and only it is woken), as tokio's batch semaphore does: a release never
+//! wakes a herd of waiters to fight over one permit, and nobody is passed over forever.
+//!
+//! With a `load_timeout`, a permit also has a deadline: a load past it has been timed out
+//! (its flight detached, see `load.rs`), so whoever next looks at the limiter (a caller
+//! taking a permit, or a queued caller woken at that deadline) takes the permit back and
+//! hands it on. A hung loader therefore holds its permit for at most `load_timeout`, even if
+//! no caller ever touches its key again; its own release later finds the permit gone and
+//! does nothing.
+//!
+//! Everything is under one mutex: only the miss path comes here, and it is about to run a
+//! load, which costs far more than an uncontended lock. Hits never touch the limiter.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The permits of one cache.
 #[derive(Debug)]
 pub(crate) struct Limiter {
-    available: AtomicUsize,
-    /// The futures waiting for a permit (all woken at each release; each then retries).
-    lock: Mutex<Vec<Waker>>,
-    freed: Condvar,
+    state: Mutex<State>,
+    permits: usize,
+    /// How long a permit may be held (the cache's `load_timeout`).
+    lease: Option<Duration>,
 }
 
-/// One load's permit; dropping it gives it back. It owns a handle on its limiter, so a load
-/// handed to a spawner can carry it.
+#[derive(Debug, Default)]
+struct State {
+    available: usize,
+    /// Permits with a deadline, earliest first: `(deadline, id)`.
+    leased: BTreeSet<(Instant, u64)>,
+    next_id: u64,
+    /// Callers waiting for a permit, first come first served.
+    queue: VecDeque<Arc<Ticket>>,
+}
+
+/// A queued caller's place.
+#[derive(Debug)]
+struct Ticket {
+    wake: Wake,
+    /// The permit handed to it (under the state lock), as `Some(lease)`.
+    granted: Mutex<Option<Lease>>,
+}
+
+#[derive(Debug)]
+enum Wake {
+    Thread(std::thread::Thread),
+    Task(Mutex<Option<Waker>>),
+}
+
+/// A permit's identity in `leased`, if it has a deadline.
+type Lease = Option<(Instant, u64)>;
+
+/// One load's permit; dropping it gives it back (to the first queued caller, if any). It
+/// owns a handle on its limiter, so a load handed to a spawner can carry it.
 #[derive(Debug)]
 pub(crate) struct Permit {
     limiter: Arc<Limiter>,
+    lease: Lease,
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        // Release: the next holder sees whatever this load did (not needed by the cache,
-        // which synchronises through the table, but a permit should behave like a lock).
-        self.limiter.available.fetch_add(1, Ordering::Release);
-        // Taking the lock orders this release before a waiter's check-then-wait: the waiter
-        // either sees the permit in its check under the lock or is waiting for this notify
-        // (or has left its waker for this release to take).
-        let tasks =
-            std::mem::take(&mut *self.limiter.lock.lock().unwrap_or_else(|e| e.into_inner()));
-        self.limiter.freed.notify_one();
-        for w in tasks {
-            w.wake();
+        let mut st = self.limiter.lock();
+        let held = match self.lease {
+            None => true,
+            // Gone if it was taken back at its deadline: then it was handed on already.
+            Some(key) => st.leased.remove(&key),
+        };
+        if held {
+            let woken = self.limiter.hand_on(&mut st, Instant::now());
+            drop(st);
+            wake(woken);
+        }
+    }
+}
+
+fn wake(ticket: Option<Arc<Ticket>>) {
+    if let Some(t) = ticket {
+        match &t.wake {
+            Wake::Thread(th) => th.unpark(),
+            Wake::Task(slot) => {
+                let w = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if let Some(w) = w {
+                    w.wake();
+                }
+            }
+        }
+    }
+}
+
+/// A future's place in the queue, kept across polls; leaving it (drop) gives back a permit
+/// handed to it meanwhile.
+#[derive(Debug, Default)]
+pub(crate) struct Queued {
+    ticket: Option<(Arc<Limiter>, Arc<Ticket>)>,
+    /// After a `Pending` poll: when a permit of a timed-out load can be taken back, the
+    /// instant at which to poll again even if no release wakes the future.
+    pub(crate) reclaim_at: Option<Instant>,
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        if let Some((limiter, ticket)) = self.ticket.take() {
+            limiter.leave(&ticket);
         }
     }
 }
 
 impl Limiter {
-    pub(crate) fn new(permits: usize) -> Self {
+    pub(crate) fn new(permits: usize, lease: Option<Duration>) -> Self {
         Limiter {
-            available: AtomicUsize::new(permits),
-            lock: Mutex::new(Vec::new()),
-            freed: Condvar::new(),
+            state: Mutex::new(State {
+                available: permits,
+                ..State::default()
+            }),
+            permits,
+            lease,
         }
     }
 
-    /// A permit if one is free now.
+    /// How many permits there are in all.
+    pub(crate) fn permits(&self) -> usize {
+        self.permits
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new lease starting at `now`, recorded in `st`.
+    fn lease_at(&self, st: &mut State, now: Instant) -> Lease {
+        let deadline = now.checked_add(self.lease?)?;
+        st.next_id += 1;
+        let key = (deadline, st.next_id);
+        st.leased.insert(key);
+        Some(key)
+    }
+
+    /// A free permit goes to the first queued caller (returned, to be woken outside the
+    /// lock), or back to the pool.
+    fn hand_on(&self, st: &mut State, now: Instant) -> Option<Arc<Ticket>> {
+        match st.queue.pop_front() {
+            Some(t) => {
+                let lease = self.lease_at(st, now);
+                *t.granted.lock().unwrap_or_else(|e| e.into_inner()) = Some(lease);
+                Some(t)
+            }
+            None => {
+                st.available += 1;
+                None
+            }
+        }
+    }
+
+    /// Takes back the permits past their deadline (their loads have timed out) and hands
+    /// them on; returns the callers to wake.
+    fn reclaim(&self, st: &mut State, now: Instant) -> Vec<Arc<Ticket>> {
+        let mut woken = Vec::new();
+        while let Some(&key) = st.leased.first() {
+            if key.0 > now {
+                break;
+            }
+            st.leased.remove(&key);
+            woken.extend(self.hand_on(st, now));
+        }
+        woken
+    }
+
+    /// The earliest instant at which a permit can be taken back (a queued caller wakes then).
+    fn next_reclaim(st: &State) -> Option<Instant> {
+        st.leased.first().map(|k| k.0)
+    }
+
+    /// A permit, if one is free now and nobody is queued before us.
     pub(crate) fn try_acquire(self: &Arc<Self>) -> Option<Permit> {
-        let mut n = self.available.load(Ordering::Relaxed);
-        loop {
-            if n == 0 {
-                return None;
-            }
-            // Acquire pairs with the Release in `Permit::drop`.
-            match self.available.compare_exchange_weak(
-                n,
-                n - 1,
-                Ordering::Acquire,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => {
-                    return Some(Permit {
-                        limiter: Arc::clone(self),
-                    })
+        let now = Instant::now();
+        let mut st = self.lock();
+        let woken = self.reclaim(&mut st, now);
+        let permit = self.take_free(&mut st, now);
+        drop(st);
+        woken.into_iter().for_each(|t| wake(Some(t)));
+        permit
+    }
+
+    fn take_free(self: &Arc<Self>, st: &mut State, now: Instant) -> Option<Permit> {
+        if st.available == 0 || !st.queue.is_empty() {
+            return None;
+        }
+        st.available -= 1;
+        let lease = self.lease_at(st, now);
+        Some(Permit {
+            limiter: Arc::clone(self),
+            lease,
+        })
+    }
+
+    /// The permit handed to `ticket`, if any (taken: the caller owns it now).
+    fn granted(self: &Arc<Self>, ticket: &Ticket) -> Option<Permit> {
+        let lease = ticket
+            .granted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()?;
+        Some(Permit {
+            limiter: Arc::clone(self),
+            lease,
+        })
+    }
+
+    /// Leaves the queue (a caller past its deadline, or a dropped future); a permit handed
+    /// to it meanwhile goes to the next caller.
+    fn leave(self: &Arc<Self>, ticket: &Arc<Ticket>) {
+        let mut st = self.lock();
+        st.queue.retain(|t| !Arc::ptr_eq(t, ticket));
+        let had = self.granted(ticket);
+        drop(st);
+        // Dropped outside the lock: its drop takes it.
+        drop(had);
+    }
+
+    /// A permit if one is free; otherwise queues `queued` (once) with `cx`'s waker, and
+    /// returns the instant at which a permit could be taken back from a timed-out load (the
+    /// caller should poll again then).
+    pub(crate) fn poll_acquire(
+        self: &Arc<Self>,
+        queued: &mut Queued,
+        cx: &mut Context<'_>,
+    ) -> Poll<Permit> {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let woken = self.reclaim(&mut st, now);
+        let ready = match &queued.ticket {
+            Some((_, t)) => {
+                let p = self.granted(t);
+                if p.is_none() {
+                    if let Wake::Task(slot) = &t.wake {
+                        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
+                    }
+                } else {
+                    queued.ticket = None;
                 }
-                Err(current) => n = current,
+                p
+            }
+            None => match self.take_free(&mut st, now) {
+                Some(p) => Some(p),
+                None => {
+                    let t = Arc::new(Ticket {
+                        wake: Wake::Task(Mutex::new(Some(cx.waker().clone()))),
+                        granted: Mutex::new(None),
+                    });
+                    st.queue.push_back(Arc::clone(&t));
+                    queued.ticket = Some((Arc::clone(self), t));
+                    None
+                }
+            },
+        };
+        let reclaim_at = Self::next_reclaim(&st);
+        drop(st);
+        woken.into_iter().for_each(|t| wake(Some(t)));
+        match ready {
+            Some(p) => Poll::Ready(p),
+            None => {
+                queued.reclaim_at = reclaim_at;
+                Poll::Pending
             }
         }
     }
 
-    /// A permit if one is free; otherwise `cx`'s waker is kept until the next release.
-    pub(crate) fn poll_acquire(self: &Arc<Self>, cx: &mut Context<'_>) -> Poll<Permit> {
-        if let Some(p) = self.try_acquire() {
-            return Poll::Ready(p);
-        }
-        let mut tasks = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(p) = self.try_acquire() {
-            return Poll::Ready(p);
-        }
-        if !tasks.iter().any(|w| w.will_wake(cx.waker())) {
-            tasks.push(cx.waker().clone());
-        }
-        Poll::Pending
-    }
-
-    /// A permit, waiting until `deadline` (forever if `None`) for one to be freed.
+    /// A permit, waiting in the queue until `deadline` (forever if `None`).
     pub(crate) fn acquire(self: &Arc<Self>, deadline: Option<Instant>) -> Option<Permit> {
-        if let Some(p) = self.try_acquire() {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let woken = self.reclaim(&mut st, now);
+        if let Some(p) = self.take_free(&mut st, now) {
+            drop(st);
+            woken.into_iter().for_each(|t| wake(Some(t)));
             return Some(p);
         }
-        let mut guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let ticket = Arc::new(Ticket {
+            wake: Wake::Thread(std::thread::current()),
+            granted: Mutex::new(None),
+        });
+        st.queue.push_back(Arc::clone(&ticket));
+        drop(st);
+        woken.into_iter().for_each(|t| wake(Some(t)));
         loop {
-            if let Some(p) = self.try_acquire() {
-                return Some(p);
+            let now = Instant::now();
+            let mut st = self.lock();
+            let woken = self.reclaim(&mut st, now);
+            let got = self.granted(&ticket);
+            let reclaim_at = Self::next_reclaim(&st);
+            drop(st);
+            woken.into_iter().for_each(|t| wake(Some(t)));
+            if got.is_some() {
+                return got;
             }
-            guard = match deadline {
-                None => self.freed.wait(guard).unwrap_or_else(|e| e.into_inner()),
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return None;
-                    }
-                    self.freed
-                        .wait_timeout(guard, d - now)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
-                }
+            if deadline.is_some_and(|d| now >= d) {
+                self.leave(&ticket);
+                return None;
+            }
+            let until = match (deadline, reclaim_at) {
+                (Some(d), Some(r)) => Some(d.min(r)),
+                (d, r) => d.or(r),
             };
+            match until {
+                None => std::thread::park(),
+                Some(u) => std::thread::park_timeout(u.saturating_duration_since(now)),
+            }
         }
     }
 }
@@ -124,7 +321,7 @@ mod tests {
 
     #[test]
     fn permits_are_bounded_and_returned_on_drop() {
-        let l = Arc::new(Limiter::new(2));
+        let l = Arc::new(Limiter::new(2, None));
         let a = l.try_acquire().unwrap();
         let _b = l.try_acquire().unwrap();
         assert!(l.try_acquire().is_none());
@@ -138,7 +335,7 @@ mod tests {
 
     #[test]
     fn a_waiter_gets_the_permit_another_thread_frees() {
-        let l = Arc::new(Limiter::new(1));
+        let l = Arc::new(Limiter::new(1, None));
         let held = l.try_acquire().unwrap();
         std::thread::scope(|s| {
             // Whichever runs first, the waiter must end up with the permit.
@@ -146,5 +343,56 @@ mod tests {
             drop(held);
             assert!(waiter.join().unwrap());
         });
+    }
+
+    #[test]
+    fn a_released_permit_goes_to_the_first_queued_caller_only() {
+        let l = Arc::new(Limiter::new(1, None));
+        let held = l.try_acquire().unwrap();
+        let (mut first, mut second) = (Queued::default(), Queued::default());
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        assert!(l.poll_acquire(&mut first, &mut cx).is_pending());
+        assert!(l.poll_acquire(&mut second, &mut cx).is_pending());
+        drop(held);
+        // Nobody jumps the queue, and the second caller is still waiting.
+        assert!(l.try_acquire().is_none());
+        assert!(l.poll_acquire(&mut second, &mut cx).is_pending());
+        let p = match l.poll_acquire(&mut first, &mut cx) {
+            Poll::Ready(p) => p,
+            Poll::Pending => panic!("the first queued caller must have the permit"),
+        };
+        drop(p);
+        assert!(l.poll_acquire(&mut second, &mut cx).is_ready());
+    }
+
+    #[test]
+    fn a_caller_leaving_the_queue_passes_a_permit_handed_to_it_on() {
+        let l = Arc::new(Limiter::new(1, None));
+        let held = l.try_acquire().unwrap();
+        let (mut first, mut second) = (Queued::default(), Queued::default());
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(l.poll_acquire(&mut first, &mut cx).is_pending());
+        assert!(l.poll_acquire(&mut second, &mut cx).is_pending());
+        drop(held); // handed to `first`
+        drop(first); // which leaves without taking it
+        assert!(l.poll_acquire(&mut second, &mut cx).is_ready());
+    }
+
+    #[test]
+    fn a_permit_past_its_lease_is_taken_back_and_its_late_release_is_ignored() {
+        let l = Arc::new(Limiter::new(1, Some(Duration::ZERO)));
+        let hung = l.try_acquire().unwrap();
+        // The lease ended at once: the next caller takes the permit back.
+        let next = l
+            .try_acquire()
+            .expect("a permit past its lease is reclaimed");
+        drop(hung); // the hung load returns at last: nothing to give back
+        let l2 = Arc::new(Limiter::new(1, Some(Duration::from_secs(3600))));
+        let a = l2.try_acquire().unwrap();
+        assert!(l2.try_acquire().is_none(), "a live lease is not reclaimed");
+        drop(a);
+        drop(next);
+        assert!(l2.try_acquire().is_some());
     }
 }

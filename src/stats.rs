@@ -46,9 +46,10 @@ pub(crate) enum Counter {
     SharedWaitTimeouts,
     SharedErrors,
     SharedCodecErrors,
+    LoadTimeouts,
 }
 
-const COUNTERS: usize = Counter::SharedCodecErrors as usize + 1;
+const COUNTERS: usize = Counter::LoadTimeouts as usize + 1;
 
 /// A snapshot of a cache's counters, from [`Cache::stats`](crate::Cache::stats).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -89,6 +90,9 @@ pub struct Stats {
     /// Loads whose leader was dropped before the load finished (a cancelled future, or a
     /// refresh job its spawner dropped unrun); their waiters looked at the key again.
     pub loads_cancelled: u64,
+    /// Loads that ran past [`load_timeout`](crate::CacheBuilder::load_timeout) and were
+    /// detached (their waiters answered, their permit returned, their late result refused).
+    pub load_timeouts: u64,
     /// Loads answered by the shared tier (feature `redis`): another instance had loaded the
     /// value. Each is also counted in `loads`, but reached no source.
     pub shared_hits: u64,
@@ -282,6 +286,7 @@ impl CounterRegistry {
             refreshes: get(Counter::Refreshes),
             refresh_failures: get(Counter::RefreshFailures),
             throttled: get(Counter::Throttled),
+            load_timeouts: get(Counter::LoadTimeouts),
         }
     }
 }

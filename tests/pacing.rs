@@ -4,7 +4,7 @@ mod common;
 
 use common::held_load;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -127,13 +127,14 @@ fn loads_of_many_keys_never_exceed_the_bound() {
 fn warm_loads_missing_keys_skips_present_ones_and_counts_failures() {
     let c: C = Cache::builder().max_capacity(1_000).build().unwrap();
     c.insert(0, 0);
-    let conc = Concurrency::default();
+    let conc = Arc::new(Concurrency::default());
     let seen = Mutex::new(Vec::new());
     std::panic::set_hook(Box::new(|_| {}));
+    let in_loader = Arc::clone(&conc);
     let report = c.warm_with_progress(
         0..100u64,
-        |k| {
-            conc.run(|| match k % 10 {
+        move |k| {
+            in_loader.run(|| match k % 10 {
                 7 => Err("down"),
                 9 if *k == 99 => panic!("loader bug"),
                 _ => Ok(k * 2),

@@ -127,6 +127,9 @@ pub struct Report {
     pub expiries: f64,
     /// `loads / expiries`.
     pub loads_per_expiry: f64,
+    /// Source loads per TTL period of the run: 1 is one load per lifetime of the value; an
+    /// early refresh that storms shows here.
+    pub loads_per_ttl: f64,
     /// Most source loads at once.
     pub max_concurrent_loads: u64,
     /// Reads made.
@@ -346,6 +349,7 @@ pub fn run(config: Config, s: &Settings) -> Report {
         loads,
         expiries,
         loads_per_expiry: loads as f64 / expiries,
+        loads_per_ttl: loads as f64 / (elapsed.as_secs_f64() / s.ttl.as_secs_f64()),
         max_concurrent_loads: source.max_in_flight.load(Ordering::SeqCst),
         reads: hist.len(),
         blocked,
@@ -364,15 +368,25 @@ fn fmt_ns(ns: u64) -> String {
 /// The reports as a text table.
 pub fn table(reports: &[Report]) -> String {
     let mut out = format!(
-        "{:<32} {:>6} {:>10} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9}\n",
-        "configuration", "loads", "per expiry", "max conc", "blocked", "p50", "p99", "p99.9", "max"
+        "{:<32} {:>6} {:>10} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9}\n",
+        "configuration",
+        "loads",
+        "per expiry",
+        "per TTL",
+        "max conc",
+        "blocked",
+        "p50",
+        "p99",
+        "p99.9",
+        "max"
     );
     for r in reports {
         out += &format!(
-            "{:<32} {:>6} {:>10.2} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9}\n",
+            "{:<32} {:>6} {:>10.2} {:>8.2} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9}\n",
             r.name,
             r.loads,
             r.loads_per_expiry,
+            r.loads_per_ttl,
             r.max_concurrent_loads,
             r.blocked,
             fmt_ns(r.p50_ns),

@@ -108,6 +108,36 @@ fn an_abandoning_waiter_races_the_completion() {
     });
 }
 
+/// A load's deadline racing its completion: two callers of one key, each of which may find
+/// the other's load past its deadline (loom makes every check overdue) at any point. Nobody
+/// is stranded, the flight completes once, and a load that was timed out never puts its
+/// late result in the cache.
+#[test]
+fn a_load_deadline_races_the_completion() {
+    model(|| {
+        let c: C = Cache::builder()
+            .max_capacity(8)
+            .hasher(Fixed::default())
+            .load_timeout(Duration::from_nanos(1))
+            .build()
+            .unwrap();
+        let c1 = c.clone();
+        let a = thread::spawn(move || c1.get_or_load(&1, |_| Ok::<_, ()>(pair(1))));
+        let rb = c.get_or_load(&1, |_| Ok::<_, ()>(pair(2))).map(check);
+        let ra = a.join().unwrap().map(check);
+        let left = c.get(&1).map(check);
+        match (ra, rb) {
+            // One was the other's waiter and detached its load at the deadline: that load's
+            // value is refused, and nobody else loaded.
+            (Err(LoadError::LoadTimedOut), Ok(_)) | (Ok(_), Err(LoadError::LoadTimedOut)) => {
+                assert_eq!(left, None, "a timed-out load's late result was cached")
+            }
+            (Ok(x), Ok(y)) => assert!(left == Some(x) || left == Some(y), "{left:?}"),
+            other => panic!("unexpected results {other:?}"),
+        }
+    });
+}
+
 fn refreshing_cache(clock: &ManualClock) -> C {
     let c = Cache::builder()
         .max_capacity(8)

@@ -1,0 +1,351 @@
+//! Every load ends (DESIGN.md §10 invariant 7): a loader that hangs holds neither its key,
+//! nor its waiters, nor a load permit past the cache's `load_timeout`, and its late result
+//! never replaces what came after it.
+//!
+//! The hung loaders here block on a channel that the test releases only at its end, so no
+//! test depends on how long anything takes; the waits that follow a deadline are bounded
+//! with a message.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use herdcache::{Cache, LoadError, ManualClock, MAX_WARM_CONCURRENCY};
+
+type C = Cache<u64, u64>;
+
+const LOAD_TIMEOUT: Duration = Duration::from_millis(50);
+/// How long a test waits for something that must happen about `LOAD_TIMEOUT` after it
+/// started, on a loaded machine.
+const BOUND: Duration = Duration::from_secs(20);
+
+fn cache() -> C {
+    Cache::builder()
+        .max_capacity(100)
+        .load_timeout(LOAD_TIMEOUT)
+        .build()
+        .unwrap()
+}
+
+/// A `get_or_load` of `key` on another thread whose loader blocks until the returned sender
+/// fires (or is dropped), then returns `value`; returns once the loader runs.
+fn hung_load(c: &C, key: u64, value: u64) -> (mpsc::Sender<()>, thread::JoinHandle<()>) {
+    let (release, gate) = mpsc::channel::<()>();
+    let (started, is_started) = mpsc::channel();
+    let c = c.clone();
+    let t = thread::spawn(move || {
+        let _ = c.get_or_load(&key, |_| {
+            started.send(()).unwrap();
+            let _ = gate.recv();
+            Ok::<_, ()>(value)
+        });
+    });
+    is_started
+        .recv_timeout(BOUND)
+        .expect("the hung loader did not start");
+    (release, t)
+}
+
+/// Runs `f` on another thread and returns its result, failing the test if it takes longer
+/// than `BOUND`.
+fn within_bound<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || tx.send(f()).unwrap());
+    rx.recv_timeout(BOUND)
+        .unwrap_or_else(|_| panic!("{what}: still blocked after {BOUND:?}"))
+}
+
+#[test]
+fn a_waiter_of_a_hung_load_gets_a_timeout_error_and_the_next_caller_loads_afresh() {
+    let c = cache();
+    let (release, leader) = hung_load(&c, 1, 1);
+    let waiter = c.clone();
+    let r = within_bound("a plain get_or_load waiter", move || {
+        waiter.get_or_load(&1, |_| Ok::<_, ()>(99))
+    });
+    assert_eq!(r, Err(LoadError::LoadTimedOut));
+    assert!(c.stats().load_timeouts >= 1);
+    // The key is not stuck: the next caller starts its own load.
+    let next = c.clone();
+    let r = within_bound("the next caller", move || {
+        next.get_or_load(&1, |_| Ok::<_, ()>(2))
+    });
+    assert_eq!(r, Ok(2));
+    // The hung loader returns at last: its result is refused.
+    release.send(()).unwrap();
+    leader.join().unwrap();
+    assert_eq!(
+        c.get(&1),
+        Some(2),
+        "a late result must not replace a newer value"
+    );
+}
+
+#[test]
+fn a_caller_with_its_own_deadline_no_longer_times_out_forever() {
+    let c = cache();
+    let (release, leader) = hung_load(&c, 1, 1);
+    let caller = c.clone();
+    let r = within_bound("get_or_load_timeout after the load's deadline", move || {
+        thread::sleep(LOAD_TIMEOUT * 2);
+        caller.get_or_load_timeout(&1, Duration::from_secs(60), |_| Ok::<_, ()>(3))
+    });
+    assert_eq!(r, Ok(3), "past the load's deadline a new load starts");
+    drop(release);
+    leader.join().unwrap();
+    assert_eq!(c.get(&1), Some(3));
+}
+
+#[test]
+fn waiters_get_the_replaced_value_only_within_the_staleness_bound() {
+    for (expired_ago, stale_served) in [(Duration::from_secs(1), true), (30 * DAY, false)] {
+        let clock = ManualClock::new();
+        let c: C = Cache::builder()
+            .max_capacity(100)
+            .time_to_live(Duration::from_secs(10))
+            .max_stale(Duration::from_secs(60))
+            .load_timeout(LOAD_TIMEOUT)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        c.insert(1, 7);
+        clock.advance(Duration::from_secs(10) + expired_ago);
+        let (release, leader) = hung_load(&c, 1, 1);
+        // A waiter at its own deadline, and a waiter of the load's deadline.
+        let own = c.get_or_load_timeout(&1, Duration::ZERO, |_| Ok::<_, ()>(99));
+        let waiter = c.clone();
+        let load = within_bound("a waiter of a hung load", move || {
+            waiter.get_or_load(&1, |_| Ok::<_, ()>(99))
+        });
+        if stale_served {
+            assert_eq!((own, load), (Ok(7), Ok(7)), "expired {expired_ago:?} ago");
+        } else {
+            assert_eq!(
+                (own, load),
+                (Err(LoadError::Timeout), Err(LoadError::LoadTimedOut)),
+                "a value expired {expired_ago:?} ago is never served"
+            );
+        }
+        drop(release);
+        leader.join().unwrap();
+    }
+}
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+#[test]
+fn hung_loads_give_their_permits_back_at_their_deadline() {
+    let c: C = Cache::builder()
+        .max_capacity(100)
+        .max_concurrent_loads(2)
+        .load_timeout(LOAD_TIMEOUT)
+        .build()
+        .unwrap();
+    let (r1, l1) = hung_load(&c, 1, 1);
+    let (r2, l2) = hung_load(&c, 2, 2);
+    // Every permit is held by a hung load, and nobody touches their keys again: a miss on
+    // another key still gets a permit once their deadline has passed.
+    let other = c.clone();
+    let r = within_bound("a miss on another key", move || {
+        other.get_or_load(&3, |_| Ok::<_, ()>(30))
+    });
+    assert_eq!(r, Ok(30));
+    let other = c.clone();
+    let r = within_bound("a second miss", move || {
+        other.get_or_load(&4, |_| Ok::<_, ()>(40))
+    });
+    assert_eq!(r, Ok(40));
+    drop((r1, r2));
+    l1.join().unwrap();
+    l2.join().unwrap();
+    // The hung loads' late releases did not mint extra permits: still two at once.
+    let running = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    thread::scope(|s| {
+        for k in 10..16u64 {
+            let (c, running, most) = (c.clone(), Arc::clone(&running), Arc::clone(&most));
+            s.spawn(move || {
+                c.get_or_load(&k, |k| {
+                    let n = running.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(n, Ordering::SeqCst);
+                    thread::sleep(Duration::from_millis(5));
+                    running.fetch_sub(1, Ordering::SeqCst);
+                    Ok::<_, ()>(*k)
+                })
+                .unwrap();
+            });
+        }
+    });
+    assert!(most.load(Ordering::SeqCst) <= 2);
+}
+
+#[test]
+fn forget_wakes_the_waiters_and_returns_the_permit() {
+    // No load timeout here: `forget` alone must free both.
+    let c: C = Cache::builder()
+        .max_capacity(100)
+        .max_concurrent_loads(1)
+        .build()
+        .unwrap();
+    let (release, leader) = common::held_load(&c, 1, 1);
+    let waiter = {
+        let c = c.clone();
+        thread::spawn(move || c.get_or_load(&1, |_| Ok::<_, ()>(5)))
+    };
+    let bound = Instant::now() + BOUND;
+    while c.stats().coalesced_waits < 1 {
+        assert!(Instant::now() < bound, "the waiter never joined the load");
+        thread::yield_now();
+    }
+    assert!(c.forget(&1));
+    // The permit is back: the woken waiter (or a miss on another key) can load at once.
+    let other = c.clone();
+    let r = within_bound("a miss after forget", move || {
+        other.get_or_load(&2, |_| Ok::<_, ()>(20))
+    });
+    assert_eq!(r, Ok(20));
+    let w = within_bound("the forgotten load's waiter", move || {
+        waiter.join().unwrap()
+    });
+    assert_eq!(w, Ok(5));
+    release.send(()).unwrap();
+    assert_eq!(leader.join().unwrap(), 1);
+    assert_eq!(c.get(&1), Some(5));
+}
+
+#[test]
+fn warm_returns_despite_a_hung_loader() {
+    let c = cache();
+    let (release, gate) = mpsc::channel::<()>();
+    let gate = Arc::new(std::sync::Mutex::new(gate));
+    let report = within_bound("warm with a hung loader", {
+        let c = c.clone();
+        move || {
+            c.warm(
+                0..20u64,
+                move |k| {
+                    if *k == 3 {
+                        let _ = gate.lock().unwrap().recv();
+                    }
+                    Ok::<_, ()>(*k)
+                },
+                4,
+            )
+        }
+    });
+    assert_eq!((report.loaded, report.failed), (19, 1));
+    assert_eq!(c.get(&3), None);
+    drop(release);
+}
+
+#[test]
+fn warm_never_runs_more_loads_at_once_than_its_bounds() {
+    for limit in [None, Some(3)] {
+        let mut b = Cache::builder().max_capacity(10_000);
+        if let Some(n) = limit {
+            b = b.max_concurrent_loads(n);
+        }
+        let c: C = b.build().unwrap();
+        let running = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let (r, m) = (Arc::clone(&running), Arc::clone(&most));
+        let report = c.warm(
+            0..2_000u64,
+            move |k| {
+                let n = r.fetch_add(1, Ordering::SeqCst) + 1;
+                m.fetch_max(n, Ordering::SeqCst);
+                thread::yield_now();
+                r.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, ()>(*k)
+            },
+            usize::MAX,
+        );
+        assert_eq!(report.loaded, 2_000);
+        let bound = limit.unwrap_or(MAX_WARM_CONCURRENCY);
+        assert!(
+            most.load(Ordering::SeqCst) <= bound,
+            "{} loads at once, bound {bound}",
+            most.load(Ordering::SeqCst)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inline_loader_future_is_dropped_at_its_deadline() {
+    let c = cache();
+    let dropped = Arc::new(AtomicBool::new(false));
+    struct OnDrop(Arc<AtomicBool>);
+    impl Drop for OnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let guard = OnDrop(Arc::clone(&dropped));
+    let leader = c.get_or_load_async(&1, move |_| async move {
+        let _guard = guard;
+        std::future::pending::<Result<u64, ()>>().await
+    });
+    let r = tokio::time::timeout(BOUND, leader)
+        .await
+        .expect("the leading future did not end at its load's deadline");
+    assert_eq!(r, Err(LoadError::LoadTimedOut));
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the loader future was not dropped"
+    );
+    assert_eq!(
+        c.get_or_load_async(&1, |_| async { Ok::<_, ()>(2) }).await,
+        Ok(2)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_waiter_of_a_hung_thread_load_wakes_at_its_deadline() {
+    let c = cache();
+    let (release, leader) = hung_load(&c, 1, 1);
+    let r = tokio::time::timeout(BOUND, c.get_or_load_async(&1, |_| async { Ok::<_, ()>(9) }))
+        .await
+        .expect("the waiting future did not wake at the load's deadline");
+    assert_eq!(r, Err(LoadError::LoadTimedOut));
+    drop(release);
+    leader.join().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spawned_loader_is_cancelled_at_its_deadline() {
+    let c: C = Cache::builder()
+        .max_capacity(100)
+        .load_timeout(LOAD_TIMEOUT)
+        .task_spawner(|task| drop(tokio::spawn(task)))
+        .build()
+        .unwrap();
+    let dropped = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&dropped);
+    let r = tokio::time::timeout(
+        BOUND,
+        c.get_or_load_spawned(&1, move |_| async move {
+            struct OnDrop(Arc<AtomicBool>);
+            impl Drop for OnDrop {
+                fn drop(&mut self) {
+                    self.0.store(true, Ordering::SeqCst);
+                }
+            }
+            let _guard = OnDrop(flag);
+            std::future::pending::<Result<u64, ()>>().await
+        }),
+    )
+    .await
+    .expect("the spawned load did not end at its deadline");
+    assert_eq!(r, Err(LoadError::LoadTimedOut));
+    let bound = Instant::now() + BOUND;
+    while !dropped.load(Ordering::SeqCst) {
+        assert!(
+            Instant::now() < bound,
+            "the spawned loader future was never dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
