@@ -19,9 +19,17 @@ fn cache() -> C {
     Cache::builder().max_capacity(1_000).build().unwrap()
 }
 
-/// Spins until `waiters` callers have joined a load on `c`.
+/// How long a test waits for another thread before it fails instead of hanging.
+const BOUND: Duration = Duration::from_secs(30);
+
+/// Spins until `waiters` callers have joined a load on `c` (failing after `BOUND`).
 fn await_waiters(c: &C, waiters: u64) {
+    let deadline = std::time::Instant::now() + BOUND;
     while c.stats().coalesced_waits < waiters {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{waiters} waiters did not join the load within {BOUND:?}"
+        );
         thread::yield_now();
     }
 }
@@ -155,16 +163,20 @@ fn a_waiter_past_its_deadline_without_a_stale_value_times_out() {
 fn forget_detaches_a_load_and_wakes_its_waiters_to_look_again() {
     let c = cache();
     let (release, leader) = held_load(&c, 1, 1);
-    let waiter = {
+    let (sent, waited) = mpsc::channel();
+    {
         let c = c.clone();
-        thread::spawn(move || c.get_or_load(&1, |_| Ok::<_, ()>(99)).unwrap())
-    };
+        thread::spawn(move || sent.send(c.get_or_load(&1, |_| Ok::<_, ()>(99))));
+    }
     await_waiters(&c, 1);
     assert!(c.forget(&1));
     assert!(!c.forget(&1));
     // The waiter is not left parked on the detached load: it looks again and, finding no
     // load in progress, leads a new one.
-    assert_eq!(waiter.join().unwrap(), 99);
+    let got = waited
+        .recv_timeout(BOUND)
+        .expect("the waiter of a forgotten load is still parked");
+    assert_eq!(got, Ok(99));
     assert_eq!(c.get(&1), Some(99));
     release.send(()).unwrap();
     assert_eq!(leader.join().unwrap(), 1);

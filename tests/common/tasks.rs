@@ -40,9 +40,16 @@ pub fn gated_load(
     (task, gate)
 }
 
-/// Waits (yielding) until `cond` holds: lets a test order its tasks without sleeping.
+/// Waits (yielding) until `cond` holds: lets a test order its tasks without sleeping. Fails
+/// the test after 30 s rather than hanging it.
 pub async fn until(cond: impl Fn() -> bool) {
+    let bound = std::time::Duration::from_secs(30);
+    let deadline = std::time::Instant::now() + bound;
     while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the awaited condition did not hold within {bound:?}"
+        );
         tokio::task::yield_now().await;
     }
 }
