@@ -14,6 +14,10 @@ use crate::DefaultHashBuilder;
 /// arithmetic cannot overflow.
 pub const MAX_CAPACITY_LIMIT: u64 = 1 << 48;
 
+/// Largest accepted `initial_capacity`: the table is allocated for it at `build`, so a larger
+/// request is more likely a mistake than a plan (the table grows past it as entries come).
+pub const MAX_INITIAL_CAPACITY: usize = 1 << 28;
+
 /// Longest accepted duration setting. A longer TTL is almost certainly a unit mistake; to
 /// keep entries forever, set no TTL.
 pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
@@ -160,7 +164,9 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     }
 
     /// Entries to size the table for up front, avoiding early resizes (optional; at most
-    /// `max_capacity`). The table grows on demand either way.
+    /// `max_capacity` and [`MAX_INITIAL_CAPACITY`]). The table grows on demand either way. If
+    /// the table for it cannot be allocated, `build` returns a [`BuildError`] naming this
+    /// setting (it does not abort).
     pub fn initial_capacity(mut self, entries: usize) -> Self {
         self.initial_capacity = Some(entries);
         self
@@ -356,9 +362,11 @@ impl<K, V, S> CacheBuilder<K, V, S> {
 
     /// Weighs entries, so that [`max_capacity`](Self::max_capacity) bounds their total
     /// weight rather than their number: `weigher(key, value)` is called once per write (on
-    /// the writing thread, before the entry is stored). A weight of 0 never forces an
-    /// eviction; an entry heavier than the whole capacity is evicted as soon as it is stored.
-    /// Cached load errors weigh 1.
+    /// the writing thread, before the entry is stored). A weight of 0 counts as 1, so the
+    /// cache never holds more than `max_capacity` entries whatever the weigher says; an entry
+    /// heavier than the whole capacity is evicted by its own write, reported as
+    /// [`RemovalCause::Oversized`](crate::RemovalCause::Oversized). Cached load errors weigh
+    /// 1. A weigher that panics fails the write that called it, which then changes nothing.
     ///
     /// ```
     /// let cache: herdcache::Cache<u32, String> = herdcache::Cache::builder()
@@ -379,6 +387,12 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     /// ([`RemovalCause`](crate::RemovalCause)): evicted for size, expired, invalidated, or
     /// replaced. It runs on the thread that removed the value, after the removal, outside any
     /// lock; a panic in it is caught and dropped. Cached load errors are not reported.
+    ///
+    /// It may use the cache (insert, load, invalidate). Listeners never nest: what its own
+    /// writes remove is reported once it has returned, in order, on the same thread, so it
+    /// cannot recurse into itself. (A listener that inserts a new key on every call into a
+    /// full cache therefore keeps its thread busy, one eviction after another, as any
+    /// insert-on-evict loop would.)
     ///
     /// ```
     /// use std::sync::{Arc, Mutex};
@@ -488,13 +502,13 @@ where
     /// [`BuildError`] naming the first setting that is missing or out of range.
     pub fn build(self) -> Result<Cache<K, V, S>, BuildError> {
         let settings = self.validate()?;
-        Ok(Cache::from_settings(
+        Cache::from_settings(
             settings,
             self.hooks,
             #[cfg(feature = "redis")]
             self.shared,
             self.hasher,
-        ))
+        )
     }
 
     pub(crate) fn validate(&self) -> Result<Settings, BuildError> {
@@ -526,6 +540,12 @@ where
                 return Err(BuildError::Invalid {
                     setting: "initial_capacity",
                     reason: "must not exceed max_capacity",
+                })
+            }
+            Some(n) if n > MAX_INITIAL_CAPACITY => {
+                return Err(BuildError::Invalid {
+                    setting: "initial_capacity",
+                    reason: "must be at most 2^28 (the table grows past it as entries come)",
                 })
             }
             Some(n) => n,
@@ -680,6 +700,18 @@ mod tests {
             (
                 builder().max_capacity(10).max_stale(Duration::MAX),
                 "max_stale",
+            ),
+            (
+                builder()
+                    .max_capacity(MAX_CAPACITY_LIMIT)
+                    .initial_capacity(1 << 48),
+                "initial_capacity",
+            ),
+            (
+                builder()
+                    .max_capacity(MAX_CAPACITY_LIMIT)
+                    .initial_capacity(MAX_INITIAL_CAPACITY + 1),
+                "initial_capacity",
             ),
         ];
         for (b, setting) in cases {

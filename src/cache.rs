@@ -12,7 +12,7 @@ use crossbeam_epoch::Owned;
 
 use crate::builder::{CacheBuilder, Settings};
 use crate::clock::{duration_to_nanos, TimeSource};
-use crate::entry::{Entry, NEVER};
+use crate::entry::{expiry_after, Entry, NEVER};
 use crate::local::{Domain, Pinned};
 use crate::pacing::Limiter;
 use crate::policy::Policy;
@@ -104,12 +104,18 @@ where
         hooks: Hooks<K, V>,
         #[cfg(feature = "redis")] shared: Option<crate::fleet::RedisTier<K, V>>,
         hasher: S,
-    ) -> Self {
+    ) -> Result<Self, crate::BuildError> {
         let pkeys = foldhash::fast::RandomState::default();
         let seed = pkeys.hash_one(0x5eed_u64);
-        Cache {
+        let table = Table::try_with_capacity(settings.initial_capacity).ok_or(
+            crate::BuildError::Invalid {
+                setting: "initial_capacity",
+                reason: "its table cannot be allocated on this machine",
+            },
+        )?;
+        Ok(Cache {
             inner: Arc::new(Inner {
-                table: Table::with_capacity(settings.initial_capacity),
+                table,
                 policy: Policy::new(settings.max_capacity as u64, seed),
                 pkeys,
                 hooks,
@@ -130,7 +136,7 @@ where
                 versions: AtomicU64::new(1),
                 domain: Domain::new(),
             }),
-        }
+        })
     }
 
     /// The value for `key`, cloned, if the cache holds one that has not expired.
@@ -210,10 +216,11 @@ where
     /// Inserts `value` for `key` with its own time to live, overriding the cache's.
     ///
     /// A zero `ttl` stores an entry that is already expired (it is never returned); a `ttl`
-    /// too long to represent means the entry never expires.
+    /// past the clock's range (about 584 years of nanoseconds from the clock's origin) lasts
+    /// until the clock's end. No finite `ttl` means "never expires".
     pub fn insert_with_ttl(&self, key: K, value: V, ttl: Duration) {
         let pinned = self.inner.domain.pin();
-        let expires_at = self.now().saturating_add(duration_to_nanos(ttl));
+        let expires_at = expiry_after(self.now(), duration_to_nanos(ttl));
         self.insert_entry(key, value, expires_at, &pinned);
     }
 
@@ -288,7 +295,7 @@ where
     /// Expiry for a value written now with the cache's default TTL.
     pub(crate) fn default_expiry(&self) -> u64 {
         match self.inner.time_to_live {
-            Some(ttl) => self.now().saturating_add(ttl),
+            Some(ttl) => expiry_after(self.now(), ttl),
             None => NEVER,
         }
     }

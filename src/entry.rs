@@ -11,6 +11,13 @@ use crate::refresh::RefreshState;
 /// Expiry of an entry that never expires.
 pub(crate) const NEVER: u64 = u64::MAX;
 
+/// The expiry of something that lives `ttl` from `now`: a finite TTL never becomes
+/// [`NEVER`], even at the end of the clock's range (it saturates just below it).
+#[inline]
+pub(crate) fn expiry_after(now: u64, ttl: u64) -> u64 {
+    now.saturating_add(ttl).min(NEVER - 1)
+}
+
 /// One slot's content, immutable once published except for the policy's hit counter. Every
 /// write of a key publishes a new
 /// `Entry` with a fresh version, so "the entry still has version v" identifies one write even

@@ -274,7 +274,9 @@ mod table;
 mod timer;
 mod warm;
 
-pub use builder::{BuildError, CacheBuilder, MAX_CAPACITY_LIMIT, MAX_DURATION};
+pub use builder::{
+    BuildError, CacheBuilder, MAX_CAPACITY_LIMIT, MAX_DURATION, MAX_INITIAL_CAPACITY,
+};
 pub use cache::{Cache, CacheGuard};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use load::LoadError;

@@ -12,6 +12,7 @@ use std::any::Any;
 use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{self, AtomicBool};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,7 +21,7 @@ use crossbeam_epoch::Owned;
 
 use crate::cache::Cache;
 use crate::clock::OnceNow;
-use crate::entry::{Entry, Kind};
+use crate::entry::{expiry_after, Entry, Kind};
 use crate::flight::{Flight, FlightResult, Start};
 use crate::pacing::Permit;
 use crate::refresh::RefreshState;
@@ -242,19 +243,24 @@ where
     /// returns its permit. The loader, if it ever returns, finds its version gone.
     pub(crate) fn time_out(&self, key: &K, hash: u64, flight: &Arc<Flight<V>>) {
         let now = self.now();
-        let restore = flight.serving(|| now).map(|v| {
-            let (delta, failures) = flight.history();
-            let weight = self.weight_of(key, v);
-            let pkey = self.pkey(key);
-            let entry = self.ready_entry(
-                pkey,
-                v.clone(),
-                flight.stale_valid_until(),
-                delta,
-                failures + 1,
-            );
-            (Owned::new(Node::new(hash, key.clone(), entry)), weight)
-        });
+        // The value to put back runs user code (`Clone`, the weigher): if it panics, the
+        // load is removed instead, so the flight still completes.
+        let restore = catch_unwind(AssertUnwindSafe(|| {
+            flight.serving(|| now).map(|v| {
+                let (delta, failures) = flight.history();
+                let weight = self.weight_of(key, v);
+                let pkey = self.pkey(key);
+                let entry = self.ready_entry(
+                    pkey,
+                    v.clone(),
+                    flight.stale_valid_until(),
+                    delta,
+                    failures + 1,
+                );
+                (Owned::new(Node::new(hash, key.clone(), entry)), weight)
+            })
+        }))
+        .unwrap_or(None);
         let (node, weight) = match restore {
             Some((n, w)) => (Some(n), w),
             None => (None, 0),
@@ -271,10 +277,11 @@ where
             _ => Decision::Keep,
         };
         let pinned = self.inner.domain.pin();
+        let is_ours = |n: &Node<K, Entry<V>>| matches!(&n.value.kind, Kind::Loading(f) if Arc::ptr_eq(f, flight));
         let outcome = self
             .inner
             .table
-            .update(hash, |k| k == key, node, ours, &pinned.guard);
+            .update_node(hash, is_ours, node, ours, &pinned.guard);
         match outcome {
             Outcome::Replaced(_, new) => self.admit(new, weight, &pinned),
             Outcome::Removed(old) => self.forget_in_policy(old.value.pkey, old.value.version),
@@ -577,7 +584,7 @@ where
                 let expires_at = match ttl {
                     Some(t) => cache
                         .default_expiry()
-                        .min(finished.saturating_add(crate::clock::duration_to_nanos(t))),
+                        .min(expiry_after(finished, crate::clock::duration_to_nanos(t))),
                     None => cache.default_expiry(),
                 };
                 let weight = cache.weight_of(&lead.key, &value);
@@ -602,7 +609,7 @@ where
                 }
                 match cache.inner.negative_ttl {
                     Some(ttl) => {
-                        let expires_at = finished.saturating_add(ttl);
+                        let expires_at = expiry_after(finished, ttl);
                         let entry = || {
                             Entry::failed(
                                 cache.next_version(),
@@ -689,9 +696,11 @@ where
             Some(n) if n.value.version == self.version => Decision::Put,
             _ => Decision::Keep,
         };
-        let outcome = cache.inner.table.update(
+        // Matched by version (unique in the cache), so no `Eq` of the key runs: this also
+        // serves the drop path.
+        let outcome = cache.inner.table.update_node(
             self.hash,
-            |k| *k == self.key,
+            |n| n.value.version == self.version,
             Some(node),
             ours,
             &pinned.guard,
@@ -726,11 +735,13 @@ where
             Some(n) if n.value.version == self.version => Decision::Remove,
             _ => Decision::Keep,
         };
-        let outcome =
-            self.cache
-                .inner
-                .table
-                .update(self.hash, |k| *k == self.key, None, ours, &pinned.guard);
+        let outcome = self.cache.inner.table.update_node(
+            self.hash,
+            |n| n.value.version == self.version,
+            None,
+            ours,
+            &pinned.guard,
+        );
         if matches!(outcome, Outcome::Removed(_)) {
             // The policy may still track the write our load replaced.
             self.cache.forget_in_policy(self.pkey, self.version);
@@ -787,12 +798,15 @@ where
         if self.finished {
             return;
         }
-        // The loader (or a clone of its value) unwound; or the load was cancelled: a loader
-        // future dropped before it finished, or a refresh job dropped unrun. A refresh keeps
-        // its still-valid value (retried after a backoff); otherwise the entry is removed and
-        // waiters get `Panicked`, or, after a cancellation, look at the key again (one of them
-        // leads a new load). This runs only our own code and the key's `Eq`; a panic
-        // continues once it returns.
+        // The loader (or user code after it: a clone of its value, the weigher) unwound; or
+        // the load was cancelled: a loader future dropped before it finished, or a refresh
+        // job dropped unrun. A refresh keeps its still-valid value (retried after a backoff);
+        // otherwise the entry is removed and waiters get `Panicked`, or, after a
+        // cancellation, look at the key again (one of them leads a new load). A panic here,
+        // while one may be unwinding, would abort the process: putting the value back runs
+        // user code (`Clone`, the weigher), so it runs under `catch_unwind`, and the removal
+        // and completion that follow run none (the slot is matched by version, and freed
+        // nodes' drops are contained by the table).
         // Relaxed: set and read on the thread that polls the leader, or handed over with it.
         let panicked = self.panicked.load(atomic::Ordering::Relaxed) || std::thread::panicking();
         let counter = if panicked {
@@ -802,7 +816,8 @@ where
         };
         self.cache.inner.domain.pin().count(counter);
         let now = self.cache.now();
-        if self.restore_stale(now).is_none() {
+        let restored = catch_unwind(AssertUnwindSafe(|| self.restore_stale(now))).unwrap_or(None);
+        if restored.is_none() && !self.finished {
             self.remove_loading();
             self.finish(if panicked {
                 FlightResult::Panicked

@@ -62,6 +62,13 @@ pub(crate) struct Pinned<'a> {
 }
 
 impl Pinned<'_> {
+    /// The guard alone, if it was pinned through this thread's own handle: then it is a
+    /// nested pin of any guard this thread already holds for the cache, so it keeps what
+    /// that guard protects alive as long as it lives. `None` for a one-off handle.
+    pub(crate) fn into_nested_guard(self) -> Option<Guard> {
+        self.owned.then_some(self.guard)
+    }
+
     /// Counts one event of kind `c`.
     #[inline]
     pub(crate) fn count(&self, c: Counter) {

@@ -156,7 +156,7 @@ impl RefreshSettings {
     ) -> RefreshState {
         let soft_at = match self.soft_ttl {
             _ if failures > 0 => now,
-            Some(s) => now.saturating_add(s),
+            Some(s) => crate::entry::expiry_after(now, s),
             None => NEVER,
         };
         let xfetch_from = match self.beta {

@@ -2,6 +2,8 @@
 //! and the eviction listener hears about a value that left; and, for a published write, the
 //! policy learns of it and names the victims that make room for it.
 
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -35,6 +37,13 @@ pub enum RemovalCause {
     /// `max_capacity`: the write that put it in the cache took it out again at once. This is
     /// the only way a write can be evicted by the admission it triggers.
     Oversized,
+}
+
+thread_local! {
+    /// Whether this thread is inside an eviction listener (of any cache).
+    static LISTENING: Cell<bool> = const { Cell::new(false) };
+    /// Notifications made while it was, to run when it returns.
+    static QUEUED: RefCell<VecDeque<Box<dyn FnOnce()>>> = const { RefCell::new(VecDeque::new()) };
 }
 
 /// The user's eviction listener.
@@ -91,17 +100,63 @@ where
     /// touching the table, so that a panic leaves nothing half done.
     pub(crate) fn weight_of(&self, key: &K, value: &V) -> u64 {
         match &self.inner.hooks.weigher {
-            Some(w) => u64::from(w(key, value)),
+            // A weight of 0 counts as 1, so every entry counts against the bound.
+            Some(w) => u64::from(w(key, value)).max(1),
             None => 1,
         }
     }
 
     /// Tells the listener that `entry`'s value left the cache, if it held one. A panic in the
     /// listener is caught and dropped: the cache's state is already consistent.
+    ///
+    /// Listeners never nest: a notification made while this thread is inside a listener (its
+    /// writes evicted something) is queued, and run once that listener has returned, so a
+    /// listener that writes to the cache cannot recurse without bound. The queued node is
+    /// kept alive by a nested pin of this thread's handle.
     pub(crate) fn notify(&self, node: &Node<K, Entry<V>>, cause: RemovalCause) {
-        if let (Some(listen), Kind::Ready(r)) = (&self.inner.hooks.listener, &node.value.kind) {
-            let _ = catch_unwind(AssertUnwindSafe(|| listen(&node.key, &r.value, cause)));
+        let (Some(listen), Kind::Ready(_)) = (&self.inner.hooks.listener, &node.value.kind) else {
+            return;
+        };
+        let call = |node: &Node<K, Entry<V>>| {
+            if let Kind::Ready(r) = &node.value.kind {
+                let _ = catch_unwind(AssertUnwindSafe(|| listen(&node.key, &r.value, cause)));
+            }
+        };
+        let nested = LISTENING.try_with(Cell::get).unwrap_or(false);
+        if nested {
+            if let Some(guard) = self.inner.domain.pin().into_nested_guard() {
+                let listen = Arc::clone(listen);
+                let node = node as *const Node<K, Entry<V>> as usize;
+                let job: Box<dyn FnOnce()> = Box::new(move || {
+                    // SAFETY: `guard` is a nested pin of the handle whose guard the caller
+                    // held while `node` was reachable, so the collector has not freed it.
+                    let node = unsafe { &*(node as *const Node<K, Entry<V>>) };
+                    if let Kind::Ready(r) = &node.value.kind {
+                        let _ =
+                            catch_unwind(AssertUnwindSafe(|| listen(&node.key, &r.value, cause)));
+                    }
+                    drop(guard);
+                });
+                if QUEUED.try_with(|q| q.borrow_mut().push_back(job)).is_ok() {
+                    return;
+                }
+            }
+            // No thread-local handle or storage (thread teardown): call it now.
+            call(node);
+            return;
         }
+        let _ = LISTENING.try_with(|l| l.set(true));
+        call(node);
+        // What the listener's own writes evicted, in order, each after the one before it
+        // has returned.
+        while let Some(job) = QUEUED
+            .try_with(|q| q.borrow_mut().pop_front())
+            .ok()
+            .flatten()
+        {
+            job();
+        }
+        let _ = LISTENING.try_with(|l| l.set(false));
     }
 
     /// `cause`, or `Expired` if the entry had expired.
@@ -153,20 +208,22 @@ where
             // Only a write the table still holds is tracked; a later write (or a removal)
             // reports itself under this lock after us. The node cannot have been freed and
             // its address reused: our guard has been held since it was published.
-            let current = table.get(node.hash, |k| std::ptr::eq(k, &node.key), guard);
+            let current = table.get_node(node.hash, |n| std::ptr::eq(n, node), guard);
             if !current.is_some_and(|c| std::ptr::eq(c, node)) {
                 return;
             }
             let entry = &node.value;
             let now = OnceNow::new(&self.inner.clock);
-            let mut probe = |v: &Victim| match table.get(v.hash, |k| self.pkey(k) == v.pkey, guard)
-            {
-                Some(n) => Look {
-                    hits: n.value.policy.take_hits(),
-                    expired: n.value.is_expired(|| now.get()),
-                },
-                None => Look::default(),
-            };
+            // Nodes are matched by the policy key they store, never by hashing or comparing
+            // keys: no user code runs under the policy's lock.
+            let mut probe =
+                |v: &Victim| match table.get_node(v.hash, |n| n.value.pkey == v.pkey, guard) {
+                    Some(n) => Look {
+                        hits: n.value.policy.take_hits(),
+                        expired: n.value.is_expired(|| now.get()),
+                    },
+                    None => Look::default(),
+                };
             let write = Write {
                 pkey: entry.pkey,
                 hash: node.hash,
@@ -178,9 +235,9 @@ where
             for v in victims.iter() {
                 // The victim's write, or an older one it replaced, never a load in progress
                 // or a newer write (that one reports itself, and the policy tracks it anew).
-                let outcome = table.update(
+                let outcome = table.update_node(
                     v.hash,
-                    |k| self.pkey(k) == v.pkey,
+                    |n| n.value.pkey == v.pkey,
                     None,
                     |cur| match cur {
                         Some(n) if n.value.is_tracked() && n.value.version <= v.version => {

@@ -37,16 +37,27 @@ pub(crate) struct SlotArray<K, V> {
 impl<K, V> SlotArray<K, V> {
     /// An empty array with `slots` slots (a power of two, at least [`MIN_SLOTS`]).
     pub(crate) fn new(slots: usize) -> Self {
+        Self::try_new(slots).expect("herdcache: out of memory for the table's slots")
+    }
+
+    /// An array of `slots` slots, or `None` if the memory for it cannot be had.
+    pub(crate) fn try_new(slots: usize) -> Option<Self> {
         debug_assert!(slots.is_power_of_two() && slots >= MIN_SLOTS);
-        SlotArray {
+        let mut tags = Vec::new();
+        tags.try_reserve_exact(slots).ok()?;
+        tags.extend((0..slots).map(|_| AtomicU8::new(TAG_EMPTY)));
+        let mut cells = Vec::new();
+        cells.try_reserve_exact(slots).ok()?;
+        cells.extend((0..slots).map(|_| Atomic::null()));
+        Some(SlotArray {
             mask: slots - 1,
-            tags: (0..slots).map(|_| AtomicU8::new(TAG_EMPTY)).collect(),
-            slots: (0..slots).map(|_| Atomic::null()).collect(),
+            tags: tags.into_boxed_slice(),
+            slots: cells.into_boxed_slice(),
             claimed: AtomicUsize::new(0),
             next: Atomic::null(),
             copy_cursor: AtomicUsize::new(0),
             copied: AtomicUsize::new(0),
-        }
+        })
     }
 
     /// Number of slots.
@@ -94,7 +105,7 @@ impl<K, V> SlotArray<K, V> {
         &self,
         hash: u64,
         tag: u8,
-        eq: &mut impl FnMut(&K) -> bool,
+        eq: &mut impl FnMut(&Node<K, V>) -> bool,
         guard: &'g Guard,
     ) -> Option<(&'g Node<K, V>, bool)> {
         let home = hash as usize & self.mask;
@@ -113,7 +124,7 @@ impl<K, V> SlotArray<K, V> {
                 // retired only after being unlinked, and the caller's guard keeps it alive
                 // since. (`as_ref` ignores the tag bits.)
                 match unsafe { p.as_ref() } {
-                    Some(node) if node.hash == hash && eq(&node.key) => {
+                    Some(node) if node.hash == hash && eq(node) => {
                         return Some((node, p.tag() & SlotBits::FROZEN != 0));
                     }
                     Some(_) => {} // another key

@@ -96,11 +96,18 @@ impl<K, V> std::fmt::Debug for Table<K, V> {
 impl<K, V> Table<K, V> {
     /// An empty table sized for about `capacity` entries before its first resize.
     pub fn with_capacity(capacity: usize) -> Self {
-        Table {
-            root: Atomic::new(SlotArray::new(SlotArray::<K, V>::initial_size(capacity))),
+        Self::try_with_capacity(capacity).expect("herdcache: out of memory for the table")
+    }
+
+    /// Like [`with_capacity`](Self::with_capacity), or `None` if the slots cannot be
+    /// allocated.
+    pub fn try_with_capacity(capacity: usize) -> Option<Self> {
+        let array = SlotArray::try_new(SlotArray::<K, V>::initial_size(capacity))?;
+        Some(Table {
+            root: Atomic::new(array),
             len: AtomicUsize::new(0),
             _marker: PhantomData,
-        }
+        })
     }
 
     /// Live entries (exact when no write is in progress).
@@ -145,6 +152,19 @@ impl<K, V> Table<K, V> {
         &self,
         hash: u64,
         mut eq: impl FnMut(&K) -> bool,
+        guard: &'g Guard,
+    ) -> Option<&'g Node<K, V>> {
+        self.get_node(hash, |n| eq(&n.key), guard)
+    }
+
+    /// Like [`get`](Self::get), matching whole nodes: with a predicate on what the node
+    /// stores beside the key, a caller finds a node without running the key's `Eq` (user
+    /// code).
+    #[inline(always)]
+    pub fn get_node<'g>(
+        &self,
+        hash: u64,
+        mut eq: impl FnMut(&Node<K, V>) -> bool,
         guard: &'g Guard,
     ) -> Option<&'g Node<K, V>> {
         let tag = tag_of(hash);
@@ -200,9 +220,9 @@ impl<K, V> Table<K, V> {
     /// is sound because the caller has held `guard` since it read `target` (so the address
     /// cannot have been reused); no `Eq` of the key runs.
     pub fn remove_node<'g>(&self, target: &'g Node<K, V>, guard: &'g Guard) -> bool {
-        let outcome = self.update(
+        let outcome = self.update_node(
             target.hash,
-            |k| std::ptr::eq(k, &target.key),
+            |n| std::ptr::eq(n, target),
             None,
             |cur| match cur {
                 Some(c) if std::ptr::eq(c, target) => Decision::Remove,
@@ -222,6 +242,21 @@ impl<K, V> Table<K, V> {
         &self,
         hash: u64,
         mut eq: impl FnMut(&K) -> bool,
+        new: Option<Owned<Node<K, V>>>,
+        decide: impl FnMut(Option<&'g Node<K, V>>) -> Decision,
+        guard: &'g Guard,
+    ) -> Outcome<'g, K, V> {
+        self.update_node(hash, |n| eq(&n.key), new, decide, guard)
+    }
+
+    /// Like [`update`](Self::update), matching whole nodes (see [`get_node`](Self::get_node)).
+    /// A node that `eq` rejects is another key's, as far as this write is concerned: with a
+    /// predicate narrower than the key's equality (identity, a version), `decide` must not
+    /// answer `Put` to `None`, or a second slot could be claimed for one key.
+    pub fn update_node<'g>(
+        &self,
+        hash: u64,
+        mut eq: impl FnMut(&Node<K, V>) -> bool,
         new: Option<Owned<Node<K, V>>>,
         mut decide: impl FnMut(Option<&'g Node<K, V>>) -> Decision,
         guard: &'g Guard,
@@ -291,7 +326,7 @@ impl<K, V> Table<K, V> {
                             }
                         }
                         Some(node) => {
-                            if node.hash != hash || !eq(&node.key) {
+                            if node.hash != hash || !eq(node) {
                                 break;
                             }
                             match decide(Some(node)) {
@@ -314,7 +349,7 @@ impl<K, V> Table<K, V> {
                                             // and no migration copied it (the slot was not
                                             // frozen), so no other array holds it: it can be
                                             // destroyed once current readers unpin.
-                                            unsafe { guard.defer_destroy(cur) };
+                                            unsafe { retire(cur, guard) };
                                             // SAFETY: just published, kept alive by the guard.
                                             return Outcome::Replaced(node, unsafe {
                                                 stored.deref()
@@ -337,7 +372,7 @@ impl<K, V> Table<K, V> {
                                     ) {
                                         Ok(_) => {
                                             // SAFETY: as for a replacement above.
-                                            unsafe { guard.defer_destroy(cur) };
+                                            unsafe { retire(cur, guard) };
                                             self.len.fetch_sub(1, Ordering::Relaxed);
                                             return Outcome::Removed(node);
                                         }
@@ -441,7 +476,7 @@ impl<K, V> Table<K, V> {
                     // eviction, for a cache) is the safe answer if it ever happens.
                     self.len.fetch_sub(1, Ordering::Relaxed);
                     // SAFETY: frozen in `from` and placed nowhere else, so unlinked.
-                    unsafe { guard.defer_destroy(p.with_tag(0)) };
+                    unsafe { retire(p.with_tag(0), guard) };
                 }
             }
             // Release: publishes this chunk's copies to whoever sees the count complete.
@@ -505,6 +540,29 @@ impl<'g, K, V> Iterator for Iter<'g, K, V> {
     }
 }
 
+/// Frees a node, containing a panic from `K`'s or `V`'s `Drop`: a node is freed by whichever
+/// thread the collector picks, in a batch with others, or in the table's own drop among all
+/// its nodes, so a panic there would surface in an unrelated operation and leak the rest of
+/// the batch. (std's collections likewise go on dropping after a panicking element.)
+fn destroy<T>(node: Box<T>) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(node)));
+}
+
+/// Retires `node`, unlinked by the caller, to be freed with [`destroy`] once no reader that
+/// could have seen it is still pinned.
+///
+/// # Safety
+/// `node` is no longer reachable from any slot, was allocated by `Owned`, and is retired once.
+unsafe fn retire<K, V>(node: Shared<'_, Node<K, V>>, guard: &Guard) {
+    let raw = node.as_raw() as usize;
+    // SAFETY: the closure runs after every guard pinned before now is gone (crossbeam's
+    // deferral contract), so no reader still holds the node; the caller guarantees it is
+    // unlinked, `Owned`-allocated, and retired once, so rebuilding the box is its only free.
+    unsafe {
+        guard.defer_unchecked(move || destroy(Box::from_raw(raw as *mut Node<K, V>)));
+    }
+}
+
 impl<K, V> Drop for Table<K, V> {
     fn drop(&mut self) {
         // SAFETY: `&mut self`: no guard of any thread can still reach this table's arrays
@@ -526,7 +584,7 @@ impl<K, V> Drop for Table<K, V> {
             last.for_each_live_exclusive(|node| {
                 // SAFETY: the node was allocated by `Owned` (a `Box`) and is referenced by
                 // no other live slot; this is its only release.
-                drop(unsafe { Box::from_raw(node) });
+                destroy(unsafe { Box::from_raw(node) });
             });
         }
         for array in arrays {

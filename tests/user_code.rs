@@ -1,0 +1,324 @@
+//! User code cannot break the cache (DESIGN.md §10 invariant 9): a panic in `Hash`, `Eq`,
+//! `Clone`, `Drop`, the weigher, the listener or the loader reaches only the operation that
+//! ran it; the process stays alive, the cache stays within its capacity, nothing leaks, and
+//! later operations work. Also: settings that would abort are errors, a finite TTL never
+//! becomes "never", and a listener that writes to its cache does not recurse.
+
+use std::hash::{Hash, Hasher};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use herdcache::{Cache, ManualClock};
+
+/// Makes every panic of the test quiet (they are expected) while keeping assertion messages.
+fn quietly<T>(f: impl FnOnce() -> T) -> T {
+    static LOCK: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info.to_string();
+        if !msg.contains("user code") {
+            eprintln!("{msg}");
+        }
+    }));
+    let r = catch_unwind(AssertUnwindSafe(f));
+    std::panic::set_hook(hook);
+    r.unwrap_or_else(|p| std::panic::resume_unwind(p))
+}
+
+/// A key whose `Hash` or `Eq` panics while its switch is on.
+#[derive(Debug, Clone)]
+struct Key {
+    id: u64,
+    hash_panics: Arc<AtomicBool>,
+    eq_panics: Arc<AtomicBool>,
+}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        if self.hash_panics.load(Ordering::SeqCst) {
+            panic!("user code: Hash");
+        }
+        self.id.hash(state);
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        if self.eq_panics.load(Ordering::SeqCst) || other.eq_panics.load(Ordering::SeqCst) {
+            panic!("user code: Eq");
+        }
+        self.id == other.id
+    }
+}
+impl Eq for Key {}
+
+fn key(id: u64) -> Key {
+    Key {
+        id,
+        hash_panics: Arc::default(),
+        eq_panics: Arc::default(),
+    }
+}
+
+/// A value whose `Clone` panics while its switch is on, and whose drops are counted.
+#[derive(Debug)]
+struct Val {
+    n: u64,
+    clone_panics: Arc<AtomicBool>,
+    drop_panics: bool,
+    drops: Arc<AtomicUsize>,
+}
+
+impl Clone for Val {
+    fn clone(&self) -> Self {
+        if self.clone_panics.load(Ordering::SeqCst) {
+            panic!("user code: Clone");
+        }
+        self.drops.fetch_sub(0, Ordering::SeqCst);
+        Val {
+            n: self.n,
+            clone_panics: Arc::clone(&self.clone_panics),
+            drop_panics: false,
+            drops: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+}
+
+impl Drop for Val {
+    fn drop(&mut self) {
+        self.drops.fetch_add(1, Ordering::SeqCst);
+        if self.drop_panics && !std::thread::panicking() {
+            panic!("user code: Drop");
+        }
+    }
+}
+
+fn val(n: u64, drops: &Arc<AtomicUsize>) -> Val {
+    Val {
+        n,
+        clone_panics: Arc::default(),
+        drop_panics: false,
+        drops: Arc::clone(drops),
+    }
+}
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// A cache of keys due for an early refresh (soft TTL 10 s, hard 60 s) on a manual clock.
+fn due_for_refresh(clock: &ManualClock, weigher_panics: &Arc<AtomicBool>) -> Cache<Key, Val> {
+    let w = Arc::clone(weigher_panics);
+    Cache::builder()
+        .max_capacity(100)
+        .time_to_live(60 * SEC)
+        .refresh_after(10 * SEC)
+        .stale_if_error(true)
+        .clock(clock.clone())
+        .weigher(move |_, _| {
+            if w.load(Ordering::SeqCst) {
+                panic!("user code: weigher");
+            }
+            1
+        })
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_panicking_weigher_in_a_failed_refresh_fails_that_call_only() {
+    quietly(|| {
+        let (clock, weigher_panics) = (ManualClock::new(), Arc::new(AtomicBool::new(false)));
+        let c = due_for_refresh(&clock, &weigher_panics);
+        let drops = Arc::new(AtomicUsize::new(0));
+        let k = key(1);
+        c.get_or_load(&k, |_| Ok::<_, ()>(val(1, &drops))).unwrap();
+        clock.advance(11 * SEC);
+        weigher_panics.store(true, Ordering::SeqCst);
+        // The refresh fails; stale-if-error weighs the old value to put it back: the weigher
+        // panics. That reaches this call, and nothing else (the process used to abort here).
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            c.get_or_load(&k, |_| Err::<Val, _>(()))
+        }));
+        assert!(
+            r.is_err(),
+            "the weigher's panic reaches the call that ran it"
+        );
+        weigher_panics.store(false, Ordering::SeqCst);
+        let v = c.get_or_load(&k, |_| Ok::<_, ()>(val(2, &drops))).unwrap();
+        assert!(v.n == 1 || v.n == 2);
+        assert!(c.entry_count() <= 100);
+    });
+}
+
+#[test]
+fn a_panicking_clone_or_eq_after_a_loader_panic_does_not_abort() {
+    for what in ["clone", "eq"] {
+        quietly(|| {
+            let (clock, no) = (ManualClock::new(), Arc::new(AtomicBool::new(false)));
+            let c = due_for_refresh(&clock, &no);
+            let drops = Arc::new(AtomicUsize::new(0));
+            let k = key(1);
+            let v = c.get_or_load(&k, |_| Ok::<_, ()>(val(1, &drops))).unwrap();
+            clock.advance(11 * SEC);
+            // The refresh's loader panics; putting the old value back clones it (and used to
+            // compare keys): both panic now.
+            let r = catch_unwind(AssertUnwindSafe(|| {
+                c.get_or_load(&k, |_| {
+                    match what {
+                        "clone" => v.clone_panics.store(true, Ordering::SeqCst),
+                        _ => k.eq_panics.store(true, Ordering::SeqCst),
+                    }
+                    panic!("user code: loader");
+                    #[allow(unreachable_code)]
+                    Ok::<Val, ()>(val(0, &drops))
+                })
+            }));
+            assert!(r.is_err());
+            v.clone_panics.store(false, Ordering::SeqCst);
+            k.eq_panics.store(false, Ordering::SeqCst);
+            // The key is not stuck: a later call gets a value.
+            let got = c.get_or_load(&k, |_| Ok::<_, ()>(val(3, &drops))).unwrap();
+            assert!(got.n == 1 || got.n == 3, "{what}: {}", got.n);
+        });
+    }
+}
+
+#[test]
+fn a_resident_key_whose_hash_panics_leaves_other_writes_and_the_bound_alone() {
+    quietly(|| {
+        let c: Cache<Key, u64> = Cache::builder().max_capacity(100).build().unwrap();
+        let bad = key(0);
+        c.insert(bad.clone(), 0);
+        bad.hash_panics.store(true, Ordering::SeqCst);
+        for round in 0..50u64 {
+            for i in 1..=200u64 {
+                let id = round * 1_000 + i;
+                let r = catch_unwind(AssertUnwindSafe(|| c.insert(key(id), id)));
+                assert!(r.is_ok(), "an insert of another key panicked");
+            }
+            assert!(
+                c.entry_count() <= 100,
+                "round {round}: {} entries at capacity 100",
+                c.entry_count()
+            );
+        }
+    });
+}
+
+#[test]
+fn a_panicking_drop_leaks_nothing_and_reaches_no_other_operation() {
+    quietly(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let c: Cache<u64, Arc<Val>> = Cache::builder().max_capacity(10).build().unwrap();
+        let mut bad = val(0, &drops);
+        bad.drop_panics = true;
+        c.insert(0, Arc::new(bad));
+        // Evict it, and keep writing: its drop runs in some later reclamation batch.
+        for k in 1..=1_000u64 {
+            let r = catch_unwind(AssertUnwindSafe(|| c.insert(k, Arc::new(val(k, &drops)))));
+            assert!(r.is_ok(), "an unrelated insert got the value's drop panic");
+        }
+        drop(c);
+        assert_eq!(
+            drops.load(Ordering::SeqCst),
+            1_001,
+            "every value dropped once"
+        );
+    });
+}
+
+#[test]
+fn dropping_a_cache_with_a_panicking_value_drops_all_the_others() {
+    quietly(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let c: Cache<u64, Arc<Val>> = Cache::builder().max_capacity(1_000).build().unwrap();
+        for k in 0..100u64 {
+            let mut v = val(k, &drops);
+            v.drop_panics = k == 50;
+            c.insert(k, Arc::new(v));
+        }
+        let r = catch_unwind(AssertUnwindSafe(|| drop(c)));
+        assert!(r.is_ok());
+        assert_eq!(drops.load(Ordering::SeqCst), 100, "no value leaked");
+    });
+}
+
+#[test]
+fn a_listener_that_writes_to_its_cache_does_not_recurse() {
+    const WRITES: usize = 50_000;
+    let writes = Arc::new(AtomicUsize::new(0));
+    let cell: Arc<Mutex<Option<Cache<u64, u64>>>> = Arc::default();
+    let (w, handle) = (Arc::clone(&writes), Arc::clone(&cell));
+    let c: Cache<u64, u64> = Cache::builder()
+        .max_capacity(10)
+        .eviction_listener(move |k: &u64, _: &u64, _| {
+            // Each eviction inserts a new key, which evicts another: 50,000 levels deep if
+            // listeners nested (a stack overflow), a loop of 50,000 turns if they do not.
+            if w.fetch_add(1, Ordering::SeqCst) < WRITES {
+                let c = handle.lock().unwrap().clone();
+                if let Some(c) = c {
+                    c.insert(k + 1_000_000, 0);
+                }
+            }
+        })
+        .build()
+        .unwrap();
+    *cell.lock().unwrap() = Some(c.clone());
+    // A thread with a small stack, so that recursion would show at once.
+    let c2 = c.clone();
+    std::thread::Builder::new()
+        .stack_size(256 * 1024)
+        .spawn(move || {
+            for k in 0..11 {
+                c2.insert(k, k);
+            }
+        })
+        .unwrap()
+        .join()
+        .expect("the writing thread overflowed its stack");
+    assert!(writes.load(Ordering::SeqCst) > WRITES);
+    assert!(c.entry_count() <= 10);
+    cell.lock().unwrap().take();
+}
+
+#[test]
+fn a_weight_of_zero_still_counts_against_the_bound() {
+    let c: Cache<u64, u64> = Cache::builder()
+        .max_capacity(10)
+        .weigher(|_, _| 0)
+        .build()
+        .unwrap();
+    for k in 0..10_000 {
+        c.insert(k, k);
+    }
+    assert!(c.entry_count() <= 10, "{} entries", c.entry_count());
+}
+
+#[test]
+fn a_finite_ttl_never_becomes_never_at_the_end_of_the_clock() {
+    let clock = ManualClock::new();
+    let c: Cache<u64, u64> = Cache::builder()
+        .max_capacity(10)
+        .time_to_live(Duration::from_secs(3_600))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    clock.advance(Duration::from_nanos(u64::MAX - 1_000));
+    c.insert_with_ttl(1, 1, Duration::ZERO);
+    assert_eq!(c.get(&1), None, "a zero TTL expires at once");
+    c.insert(2, 2);
+    assert_eq!(c.get(&2), Some(2));
+    clock.advance(Duration::from_secs(3_600));
+    assert_eq!(c.get(&2), None, "the TTL saturated into 'never'");
+}
+
+#[test]
+fn an_initial_capacity_that_cannot_be_allocated_is_a_build_error() {
+    let r = Cache::<u64, u64>::builder()
+        .max_capacity(1 << 48)
+        .initial_capacity(1 << 48)
+        .build();
+    assert_eq!(r.unwrap_err().setting(), "initial_capacity");
+}
