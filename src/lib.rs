@@ -241,6 +241,27 @@
 //! it or a newer one. [`Cache::invalidate_all`] and [`Cache::entry_count`] are not atomic
 //! across keys: entries inserted while `invalidate_all` runs may survive it.
 //!
+//! # User code and panics
+//!
+//! The cache runs your code: the key's `Hash`, `Eq` and `Clone`, the value's `Clone` and
+//! `Drop`, the weigher, the eviction listener and the loader. A panic in any of them breaks
+//! only the operation that ran it:
+//!
+//! - that operation panics (a loader's panic goes on in the caller that ran the loader; the
+//!   callers waiting on that load get [`LoadError::Panicked`]);
+//! - every other operation and thread carries on, and the next call for the key works;
+//! - the table and the eviction policy stay in step, so the capacity bound holds: the
+//!   policy's own bookkeeping, done under its lock, runs no user code at all;
+//! - no value is leaked: a value whose `Drop` panics is still counted as dropped, and the
+//!   panic is contained where the cache frees it (in a later reclamation, or when the cache
+//!   is dropped) instead of surfacing in an unrelated operation;
+//! - nothing aborts: the paths that clean up after a failed load run user code only under
+//!   `catch_unwind`.
+//!
+//! A panic in the eviction listener is caught and dropped (the removal it reports is already
+//! done). A listener may write to its own cache: what its writes evict is reported after it
+//! returns, never from inside it.
+//!
 //! # Memory reclamation
 //!
 //! Removed entries are freed by crossbeam-epoch once no thread can still be reading them,
@@ -270,6 +291,9 @@ mod rng;
 mod spawn;
 mod stats;
 mod sync;
+// The table's items are `pub` for the raw API that the fuzz and loom crates see (`raw`
+// below); in other builds nothing outside the crate can reach them.
+#[cfg_attr(not(any(fuzzing, herdcache_loom)), allow(unreachable_pub))]
 mod table;
 mod timer;
 mod warm;
@@ -294,9 +318,11 @@ struct ReadmeDoctests;
 /// The default hasher: foldhash, randomly seeded for each cache.
 pub type DefaultHashBuilder = foldhash::fast::RandomState;
 
-/// The lock-free table under the cache, exported for the fuzz and loom crates. Not part of
-/// the stable API.
+/// The lock-free table under the cache, exported only to the fuzz and loom crates (built with
+/// `--cfg fuzzing` or `--cfg herdcache_loom`): its methods trust the guard they are handed to
+/// belong to the table's collector, which safe code outside the cache could not be held to.
 #[doc(hidden)]
+#[cfg(any(fuzzing, herdcache_loom))]
 pub mod raw {
     pub use crate::table::{Decision, Iter, Node, Outcome, Table};
 }

@@ -108,7 +108,7 @@ impl Timer {
         let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
         heap.seq += 1;
         let seq = heap.seq;
-        let earliest = heap.entries.peek().map_or(true, |e| at < e.0.at);
+        let earliest = heap.entries.peek().is_none_or(|e| at < e.0.at);
         heap.entries.push(Reverse(Entry {
             at,
             seq,

@@ -65,6 +65,8 @@ pub enum Outcome<'g, K, V> {
     /// The key's node (retired, still readable under the guard) was removed.
     Removed(&'g Node<K, V>),
     /// Nothing changed; the current node, if any, and the unused new node, if one was given.
+    // The cache only matches on the variant; the raw API's users (tests, fuzz, loom) read it.
+    #[cfg_attr(not(any(test, fuzzing, herdcache_loom)), allow(dead_code))]
     Kept(Option<&'g Node<K, V>>, Option<Owned<Node<K, V>>>),
 }
 
@@ -95,6 +97,7 @@ impl<K, V> std::fmt::Debug for Table<K, V> {
 
 impl<K, V> Table<K, V> {
     /// An empty table sized for about `capacity` entries before its first resize.
+    #[cfg(any(test, fuzzing, herdcache_loom))]
     pub fn with_capacity(capacity: usize) -> Self {
         Self::try_with_capacity(capacity).expect("herdcache: out of memory for the table")
     }
@@ -116,13 +119,8 @@ impl<K, V> Table<K, V> {
         self.len.load(Ordering::Relaxed)
     }
 
-    /// Whether the table holds no live entry.
-    #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Number of slots of the newest array (for sweeping eviction hands and for tests).
+    /// Number of slots of the newest array (for tests).
+    #[cfg(any(test, fuzzing, herdcache_loom))]
     pub fn slot_count(&self, guard: &Guard) -> usize {
         self.newest(guard).len()
     }
@@ -186,6 +184,7 @@ impl<K, V> Table<K, V> {
     }
 
     /// Inserts or replaces, returning what was there.
+    #[cfg(any(test, fuzzing, herdcache_loom))]
     pub fn insert<'g>(
         &self,
         node: Owned<Node<K, V>>,
@@ -487,15 +486,6 @@ impl<K, V> Table<K, V> {
 
 // Iteration and slot access (weakly consistent).
 impl<K, V> Table<K, V> {
-    /// The live node in slot `index` (modulo the slot count) of the newest array, if any.
-    /// Used by eviction hands, which sweep slots rather than keys.
-    pub fn node_at<'g>(&self, index: usize, guard: &'g Guard) -> Option<&'g Node<K, V>> {
-        let a = self.newest(guard);
-        let p = a.slots[index & a.mask].load(Ordering::Acquire, guard);
-        // SAFETY: non-null slot pointers are nodes kept alive by the guard.
-        unsafe { p.as_ref() }
-    }
-
     /// Iterates over the live nodes. Weakly consistent: every node live for the whole
     /// iteration is yielded once; nodes inserted or removed meanwhile may or may not be.
     pub fn iter<'g>(&self, guard: &'g Guard) -> Iter<'g, K, V> {

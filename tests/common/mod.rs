@@ -1,5 +1,7 @@
 //! Helpers shared by the integration tests.
-#![allow(dead_code)]
+// Each test crate includes these helpers and uses some: the rest is dead there, and `pub`
+// only says "for the including crate".
+#![allow(dead_code, unreachable_pub)]
 
 pub mod tasks;
 

@@ -1,6 +1,9 @@
 //! A private `redis-server` for the fleet tests: loopback, a free port, a temporary
 //! directory, no persistence; killed (also on a failed test) when dropped.
 
+// Included by the fleet tests, for which `pub` means "for the including crate".
+#![allow(unreachable_pub)]
+
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
