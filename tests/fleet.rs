@@ -242,7 +242,12 @@ async fn futures_and_threads_on_different_instances_share_one_load() {
             .await
         })
     };
+    let deadline = Instant::now() + Duration::from_secs(30);
     while loads.load(Ordering::SeqCst) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the holder's load did not start within 30 s"
+        );
         tokio::task::yield_now().await;
     }
     // Instance B waits from a future, instance C from a thread; neither loads.
@@ -257,7 +262,12 @@ async fn futures_and_threads_on_different_instances_share_one_load() {
         let c = c.clone();
         std::thread::spawn(move || c.get_or_load(&"k".to_owned(), |_| Err::<String, _>(())))
     };
+    let deadline = Instant::now() + Duration::from_secs(30);
     while b.stats().shared_lock_waits == 0 || c.stats().shared_lock_waits == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "B and C did not wait on the lock within 30 s"
+        );
         tokio::task::yield_now().await;
     }
     gate.notify_one();

@@ -80,9 +80,9 @@ fn concurrent_readers_of_a_due_key_start_exactly_one_refresh() {
             });
         }
         // Every reader but the refresher returns the current value without waiting.
-        while served.load(Ordering::SeqCst) < n - 1 {
-            thread::yield_now();
-        }
+        common::spin_until("the other readers were served", || {
+            served.load(Ordering::SeqCst) >= n - 1
+        });
         release.send(()).unwrap();
     });
     assert_eq!(calls.load(Ordering::SeqCst), 1);
@@ -102,9 +102,9 @@ fn past_the_hard_expiry_readers_wait_on_the_refresh_instead_of_loading_again() {
         let c = c.clone();
         thread::spawn(move || c.get_or_load(&1, never).unwrap())
     };
-    while c.stats().coalesced_waits == 0 {
-        thread::yield_now();
-    }
+    common::spin_until("a reader joined the refresh", || {
+        c.stats().coalesced_waits > 0
+    });
     release.send(()).unwrap();
     assert_eq!(refresher.join().unwrap(), 2);
     assert_eq!(waiter.join().unwrap(), 2);
@@ -304,9 +304,9 @@ fn the_spawning_thread_waits_for_its_pending_refresh_past_the_hard_expiry() {
     let runner = {
         let c = c.clone();
         thread::spawn(move || {
-            while c.stats().coalesced_waits == 0 {
-                thread::yield_now();
-            }
+            common::spin_until("a reader joined the refresh", || {
+                c.stats().coalesced_waits > 0
+            });
             job.run();
         })
     };

@@ -107,9 +107,7 @@ fn a_panicking_loader_wakes_every_waiter_and_the_next_caller_loads_afresh() {
         })
     };
     // Wait until the load is in flight, then join it.
-    while c.stats().loads == 0 {
-        thread::yield_now();
-    }
+    common::spin_until("the load started", || c.stats().loads > 0);
     let results: Vec<_> = (0..waiters)
         .map(|_| {
             let c = c.clone();
@@ -258,9 +256,7 @@ fn a_waiter_with_another_error_type_loads_itself_after_a_failure() {
             })
         })
     };
-    while c.stats().loads == 0 {
-        thread::yield_now();
-    }
+    common::spin_until("the load started", || c.stats().loads > 0);
     let waiter = {
         let c = c.clone();
         thread::spawn(move || c.get_or_load(&1, |_| Ok::<_, String>(4)))

@@ -196,16 +196,14 @@ fn a_runtime_shut_down_mid_load_hands_the_load_to_a_waiting_thread() {
                 .await
         })
     };
-    while cache.stats().loads == 0 {
-        std::thread::yield_now();
-    }
+    common::spin_until("the load started", || cache.stats().loads > 0);
     let waiter = {
         let cache = cache.clone();
         std::thread::spawn(move || cache.get_or_load(&1, |_| Ok::<_, ()>(3)))
     };
-    while cache.stats().coalesced_waits == 0 {
-        std::thread::yield_now();
-    }
+    common::spin_until("a thread joined the load", || {
+        cache.stats().coalesced_waits > 0
+    });
     drop(runtime);
     assert_eq!(waiter.join().unwrap(), Ok(3), "the thread led a new load");
     drop(starter);

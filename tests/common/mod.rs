@@ -8,6 +8,7 @@ pub mod tasks;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread;
+use std::time::{Duration, Instant};
 
 use herdcache::Cache;
 
@@ -54,4 +55,15 @@ pub fn held_load(
     });
     is_started.recv().unwrap();
     (release, t)
+}
+
+/// Spins (yielding) until `cond` holds, so that a test can order its threads without
+/// sleeping; fails the test with `what` after 30 s instead of hanging it.
+pub fn spin_until(what: &str, cond: impl Fn() -> bool) {
+    let bound = Duration::from_secs(30);
+    let deadline = Instant::now() + bound;
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}: not within {bound:?}");
+        thread::yield_now();
+    }
 }
