@@ -230,17 +230,40 @@ impl<V> Flight<V> {
         self.result.with(|r| unsafe { (*r).as_ref() })
     }
 
-    /// Stores the result, wakes every waiter and gives the load's permit back, unless the
-    /// flight was completed already (a detached load finishing late): then `result` is
-    /// dropped and this returns false.
+    /// Claims the right to complete the flight: true for exactly one caller. The leader
+    /// claims before it publishes its result to the table, and a detacher (a deadline,
+    /// `forget`) before it touches the table, so exactly one of them decides what the key
+    /// and the waiters get. Relaxed: the claim only elects; the result is published by the
+    /// Release swap in `publish`.
+    pub(crate) fn claim(&self) -> bool {
+        !self.completing.swap(true, Ordering::Relaxed)
+    }
+
+    /// Whether the flight was claimed (completed, or being completed): a leader that has not
+    /// started yet has nothing left to do.
+    pub(crate) fn is_claimed(&self) -> bool {
+        self.completing.load(Ordering::Relaxed)
+    }
+
+    /// Claims the flight and completes it with `result`; false (and `result` dropped) if it
+    /// was claimed already (a detached load finishing late, or a detacher losing to the
+    /// leader, whose result is then about to be published).
     pub(crate) fn complete(&self, result: FlightResult<V>) -> bool {
-        // Relaxed: the claim only elects the writer; the result is published by the Release
-        // swap below.
-        if self.completing.swap(true, Ordering::Relaxed) {
+        if !self.claim() {
             return false;
         }
-        // SAFETY: the claim above makes us the only writer, and no reader reads before the
-        // close below.
+        // SAFETY: we just claimed it.
+        unsafe { self.publish(result) };
+        true
+    }
+
+    /// Stores the result, wakes every waiter and gives the load's permit back.
+    ///
+    /// # Safety
+    /// The caller won [`claim`](Self::claim) and publishes once.
+    pub(crate) unsafe fn publish(&self, result: FlightResult<V>) {
+        // SAFETY: the caller's claim makes it the only writer, and no reader reads before
+        // the close below.
         self.result.with_mut(|r| unsafe { *r = Some(result) });
         // AcqRel: Release publishes the result; Acquire makes the pushed nodes' fields visible.
         let mut node = self.waiters.swap(closed(), Ordering::AcqRel);
@@ -270,9 +293,13 @@ impl<V> Flight<V> {
             }
         }
         // After the wake-ups: a caller queued for a permit then finds the key settled.
-        let permit = self.permit.lock().unwrap_or_else(|e| e.into_inner()).take();
-        drop(permit);
-        true
+        drop(self.take_permit());
+    }
+
+    /// The load's permit, taken out of the flight (a flight that never got installed gives
+    /// it back to its caller, who keeps its place).
+    pub(crate) fn take_permit(&self) -> Option<Permit> {
+        self.permit.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
     /// Pushes `node` (an `Arc` reference given to the stack) unless the flight is complete;

@@ -218,6 +218,9 @@ where
     {
         // No thread runs the loader: the future may move between threads.
         lead.flight.clear_leader();
+        if lead.stale_before_start() {
+            return lead.time_out();
+        }
         let started = lead.cache.now();
         // The load's own deadline: past it, the loader future is dropped (at the end of this
         // block, before the flight is detached).
@@ -294,6 +297,8 @@ where
                     }
                 }
                 Step::Wait(flight) => {
+                    // A permit we waited for is of no use while another caller loads.
+                    held = None;
                     self.inner.domain.pin().count(Counter::CoalescedWaits);
                     (flight, false)
                 }
@@ -325,6 +330,21 @@ where
             if outcome.is_none() && flight.overdue(Instant::now()) {
                 self.time_out(key, hash, &flight);
                 outcome = flight.result();
+                if outcome.is_none() {
+                    // The leader claimed first and is publishing (its table write and
+                    // admission away): yield until it has.
+                    let f = &flight;
+                    outcome = Some(
+                        std::future::poll_fn(|cx| match f.result() {
+                            Some(r) => Poll::Ready(r),
+                            None => {
+                                cx.waker().wake_by_ref();
+                                Poll::Pending
+                            }
+                        })
+                        .await,
+                    );
+                }
             }
             match self.joined(&flight, outcome) {
                 Joined::Done(r) => return r,

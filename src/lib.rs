@@ -83,7 +83,8 @@
 //! - Every load has its own deadline with [`load_timeout`](CacheBuilder::load_timeout)
 //!   (strongly recommended): a loader that hangs is detached at it, its waiters are answered
 //!   (the stale value within `max_stale`, else [`LoadError::LoadTimedOut`]), its load permit
-//!   is returned, the next caller loads afresh, and its late result is never cached.
+//!   is returned, the next caller loads afresh, and the detached load's late result is
+//!   never cached.
 //! - An [`insert`](Cache::insert) or [`invalidate`](Cache::invalidate) during a load wins:
 //!   the load's result reaches its own waiters but is not cached, so it can never overwrite
 //!   newer data. [`forget`](Cache::forget) detaches a load: its waiters look again (one of

@@ -241,7 +241,14 @@ where
     /// refresh's still-valid value goes back in place (the next refresh backs off), anything
     /// else is removed; then the flight completes as `TimedOut`, which wakes its waiters and
     /// returns its permit. The loader, if it ever returns, finds its version gone.
-    pub(crate) fn time_out(&self, key: &K, hash: u64, flight: &Arc<Flight<V>>) {
+    /// Returns whether it did (false: the flight was completed, or is being, by someone
+    /// else).
+    pub(crate) fn time_out(&self, key: &K, hash: u64, flight: &Arc<Flight<V>>) -> bool {
+        // Claimed first: if the leader has claimed, its result is about to be published and
+        // wins; if we claim, the leader will publish nothing, even if it finishes now.
+        if !flight.claim() {
+            return false;
+        }
         let now = self.now();
         // The value to put back runs user code (`Clone`, the weigher): if it panics, the
         // load is removed instead, so the flight still completes.
@@ -287,9 +294,22 @@ where
             Outcome::Removed(old) => self.forget_in_policy(old.value.pkey, old.value.version),
             _ => {}
         }
-        if flight.complete(FlightResult::TimedOut) {
-            pinned.count(Counter::LoadTimeouts);
-        }
+        pinned.count(Counter::LoadTimeouts);
+        // SAFETY: claimed above, published once.
+        unsafe { flight.publish(FlightResult::TimedOut) };
+        true
+    }
+
+    /// The result of a flight this caller found overdue: it detaches it, or, if the leader
+    /// claimed it first, waits the moment until the leader publishes.
+    pub(crate) fn timed_out_result<'f>(
+        &self,
+        key: &K,
+        hash: u64,
+        flight: &'f Arc<Flight<V>>,
+    ) -> Option<&'f FlightResult<V>> {
+        self.time_out(key, hash, flight);
+        flight.result().or_else(|| flight.wait(None))
     }
 
     /// The value a caller gets in place of a load that did not finish for it: the expired
@@ -322,6 +342,8 @@ where
                 Step::Done(r) => return Begin::Done(r),
                 Step::Lead(lead) => return Begin::Lead(lead),
                 Step::Wait(flight) => {
+                    // A permit we waited for is of no use while another caller loads.
+                    held = None;
                     if flight.led_by_current_thread() {
                         return Begin::Done(Err(LoadError::Recursive));
                     }
@@ -332,8 +354,7 @@ where
                     };
                     let mut outcome = flight.wait(until);
                     if outcome.is_none() && flight.overdue(Instant::now()) {
-                        self.time_out(key, hash, &flight);
-                        outcome = flight.result();
+                        outcome = self.timed_out_result(key, hash, &flight);
                     }
                     match self.joined(&flight, outcome) {
                         Joined::Done(r) => return Begin::Done(r),
@@ -395,12 +416,15 @@ where
                         replaced = Some((r.value.clone(), r.expires_at));
                     }
                     Kind::Loading(flight) => {
-                        if flight.overdue(Instant::now()) {
+                        if flight.overdue(Instant::now()) && !flight.led_by_current_thread() {
                             // A hung load: detach it, then look again (and lead a new one).
+                            // If its leader is publishing right now, wait for that instead.
                             let flight = Arc::clone(flight);
                             drop(pinned);
-                            self.time_out(key, hash, &flight);
-                            continue;
+                            if self.time_out(key, hash, &flight) {
+                                continue;
+                            }
+                            return Step::Wait(flight);
                         }
                         pinned.count(Counter::Misses);
                         return Step::Wait(Arc::clone(flight));
@@ -450,10 +474,12 @@ where
             let flight = Arc::new(Flight::new(Start {
                 stale: replaced,
                 history,
-                deadline: self
-                    .inner
-                    .load_timeout
-                    .and_then(|t| Instant::now().checked_add(t)),
+                // The permit's lease and the load's deadline end together.
+                deadline: permit.as_ref().and_then(Permit::deadline).or_else(|| {
+                    self.inner
+                        .load_timeout
+                        .and_then(|t| Instant::now().checked_add(t))
+                }),
                 permit,
             }));
             let pkey = self.pkey(key);
@@ -481,8 +507,12 @@ where
                     }
                     self.notify(old, cause);
                 }
-                // Someone changed the key first: look again.
-                _ => continue,
+                // Someone changed the key first: look again, keeping our permit (and our
+                // place in the limiter's queue).
+                _ => {
+                    *held = flight.take_permit();
+                    continue;
+                }
             }
             pinned.count(Counter::Loads);
             if refresh {
@@ -498,6 +528,7 @@ where
                 pkey,
                 version,
                 flight,
+                claimed: false,
                 finished: false,
                 panicked: AtomicBool::new(false),
             });
@@ -537,6 +568,9 @@ where
         E: Send + Sync + 'static,
     {
         lead.flight.set_leader_here();
+        if lead.stale_before_start() {
+            return lead.time_out();
+        }
         // Measured with the cache's clock, so a manual clock drives XFetch's delta in tests.
         let started = lead.cache.now();
         #[cfg(feature = "redis")]
@@ -610,10 +644,11 @@ where
                 match cache.inner.negative_ttl {
                     Some(ttl) => {
                         let expires_at = expiry_after(finished, ttl);
+                        let pkey = lead.pkey;
                         let entry = || {
                             Entry::failed(
                                 cache.next_version(),
-                                lead.pkey,
+                                pkey,
                                 Arc::clone(&erased),
                                 expires_at,
                             )
@@ -674,6 +709,8 @@ where
     /// The version of our `Loading` entry.
     version: u64,
     pub(crate) flight: Arc<Flight<V>>,
+    /// Whether we won the flight's completion claim (see `Flight::claim`).
+    claimed: bool,
     finished: bool,
     /// Set when a loader future panicked inside a poll (its state is dropped only later, when
     /// the thread is no longer unwinding).
@@ -686,9 +723,29 @@ where
     V: Clone + Send + Sync + 'static,
     S: BuildHasher,
 {
+    /// Whether this load should not start at all: a refresh job or spawned task that waited
+    /// for its spawner past the load's deadline (a waiter may have detached it already, and
+    /// returned its permit).
+    pub(crate) fn stale_before_start(&self) -> bool {
+        // (loom makes every deadline overdue at once; there, only a detached load is.)
+        self.flight.is_claimed() || (!cfg!(herdcache_loom) && self.flight.overdue(Instant::now()))
+    }
+
+    /// Claims the flight's completion for this leader, once; false if a detacher (its
+    /// deadline, `forget`) claimed it first: then the load's result must not be published.
+    fn claim(&mut self) -> bool {
+        if !self.claimed {
+            self.claimed = self.flight.claim();
+        }
+        self.claimed
+    }
+
     /// Replaces our `Loading` entry with `make()` if the slot still holds it; returns whether
-    /// it did (it did not if an insert, invalidation or forget came first).
-    fn replace_loading(&self, weight: u64, make: impl FnOnce() -> Entry<V>) -> bool {
+    /// it did (it did not if an insert, invalidation, forget or time-out came first).
+    fn replace_loading(&mut self, weight: u64, make: impl FnOnce() -> Entry<V>) -> bool {
+        if !self.claim() {
+            return false; // detached: the result goes to this leader's caller only
+        }
         let cache = &self.cache;
         let pinned = cache.inner.domain.pin();
         let node = Owned::new(Node::new(self.hash, self.key.clone(), make()));
@@ -729,7 +786,10 @@ where
     }
 
     /// Removes our `Loading` entry if the slot still holds it.
-    fn remove_loading(&self) {
+    fn remove_loading(&mut self) {
+        if !self.claim() {
+            return; // detached: whoever did it settled the slot
+        }
         let pinned = self.cache.inner.domain.pin();
         let ours = |cur: Option<&Node<K, Entry<V>>>| match cur {
             Some(n) if n.value.version == self.version => Decision::Remove,
@@ -770,14 +830,20 @@ where
     /// `forget`) was completed already; then this changes nothing.
     pub(crate) fn finish(&mut self, result: FlightResult<V>) {
         self.finished = true;
-        self.flight.complete(result);
+        if self.claim() {
+            // SAFETY: `claimed` records our won claim, and `finished` makes this the only
+            // publication.
+            unsafe { self.flight.publish(result) };
+        }
     }
 
     /// Detaches this load at its deadline (an inline or spawned loader future, dropped by
     /// the caller right after): what its caller gets instead of a value.
     pub(crate) fn time_out<E>(mut self) -> Result<V, LoadError<E>> {
-        self.cache.time_out(&self.key, self.hash, &self.flight);
         self.finished = true;
+        if !self.claimed {
+            self.cache.time_out(&self.key, self.hash, &self.flight);
+        }
         match self.flight.result() {
             Some(FlightResult::Value(v)) => Ok(v.clone()),
             _ => self

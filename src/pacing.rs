@@ -15,6 +15,7 @@
 //! load, which costs far more than an uncontended lock. Hits never touch the limiter.
 
 use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -42,8 +43,10 @@ struct State {
 #[derive(Debug)]
 struct Ticket {
     wake: Wake,
-    /// The permit handed to it (under the state lock), as `Some(lease)`.
-    granted: Mutex<Option<Lease>>,
+    /// Whether a permit was handed to it (written under the state lock). Its lease starts
+    /// when the caller collects it, so a caller slow to be scheduled loses no load time, and
+    /// a permit not yet collected is never taken back from under it.
+    granted: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -63,6 +66,14 @@ pub(crate) struct Permit {
     lease: Lease,
 }
 
+impl Permit {
+    /// When this permit's lease ends (it is taken back then), if it has one: the load it
+    /// admits must be done by then.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        self.lease.map(|(at, _)| at)
+    }
+}
+
 impl Drop for Permit {
     fn drop(&mut self) {
         let mut st = self.limiter.lock();
@@ -72,7 +83,7 @@ impl Drop for Permit {
             Some(key) => st.leased.remove(&key),
         };
         if held {
-            let woken = self.limiter.hand_on(&mut st, Instant::now());
+            let woken = self.limiter.hand_on(&mut st);
             drop(st);
             wake(woken);
         }
@@ -143,11 +154,11 @@ impl Limiter {
 
     /// A free permit goes to the first queued caller (returned, to be woken outside the
     /// lock), or back to the pool.
-    fn hand_on(&self, st: &mut State, now: Instant) -> Option<Arc<Ticket>> {
+    fn hand_on(&self, st: &mut State) -> Option<Arc<Ticket>> {
         match st.queue.pop_front() {
             Some(t) => {
-                let lease = self.lease_at(st, now);
-                *t.granted.lock().unwrap_or_else(|e| e.into_inner()) = Some(lease);
+                // Relaxed: read only under the state lock, which orders it.
+                t.granted.store(true, Ordering::Relaxed);
                 Some(t)
             }
             None => {
@@ -166,7 +177,7 @@ impl Limiter {
                 break;
             }
             st.leased.remove(&key);
-            woken.extend(self.hand_on(st, now));
+            woken.extend(self.hand_on(st));
         }
         woken
     }
@@ -199,13 +210,12 @@ impl Limiter {
         })
     }
 
-    /// The permit handed to `ticket`, if any (taken: the caller owns it now).
-    fn granted(self: &Arc<Self>, ticket: &Ticket) -> Option<Permit> {
-        let lease = ticket
-            .granted
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()?;
+    /// The permit handed to `ticket`, if any, collected now (its lease starts now).
+    fn granted(self: &Arc<Self>, st: &mut State, ticket: &Ticket, now: Instant) -> Option<Permit> {
+        if !ticket.granted.swap(false, Ordering::Relaxed) {
+            return None;
+        }
+        let lease = self.lease_at(st, now);
         Some(Permit {
             limiter: Arc::clone(self),
             lease,
@@ -217,7 +227,7 @@ impl Limiter {
     fn leave(self: &Arc<Self>, ticket: &Arc<Ticket>) {
         let mut st = self.lock();
         st.queue.retain(|t| !Arc::ptr_eq(t, ticket));
-        let had = self.granted(ticket);
+        let had = self.granted(&mut st, ticket, Instant::now());
         drop(st);
         // Dropped outside the lock: its drop takes it.
         drop(had);
@@ -236,7 +246,7 @@ impl Limiter {
         let woken = self.reclaim(&mut st, now);
         let ready = match &queued.ticket {
             Some((_, t)) => {
-                let p = self.granted(t);
+                let p = self.granted(&mut st, t, now);
                 if p.is_none() {
                     if let Wake::Task(slot) = &t.wake {
                         *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
@@ -251,7 +261,7 @@ impl Limiter {
                 None => {
                     let t = Arc::new(Ticket {
                         wake: Wake::Task(Mutex::new(Some(cx.waker().clone()))),
-                        granted: Mutex::new(None),
+                        granted: AtomicBool::new(false),
                     });
                     st.queue.push_back(Arc::clone(&t));
                     queued.ticket = Some((Arc::clone(self), t));
@@ -283,7 +293,7 @@ impl Limiter {
         }
         let ticket = Arc::new(Ticket {
             wake: Wake::Thread(std::thread::current()),
-            granted: Mutex::new(None),
+            granted: AtomicBool::new(false),
         });
         st.queue.push_back(Arc::clone(&ticket));
         drop(st);
@@ -292,7 +302,7 @@ impl Limiter {
             let now = Instant::now();
             let mut st = self.lock();
             let woken = self.reclaim(&mut st, now);
-            let got = self.granted(&ticket);
+            let got = self.granted(&mut st, &ticket, now);
             let reclaim_at = Self::next_reclaim(&st);
             drop(st);
             woken.into_iter().for_each(|t| wake(Some(t)));
@@ -377,6 +387,23 @@ mod tests {
         drop(held); // handed to `first`
         drop(first); // which leaves without taking it
         assert!(l.poll_acquire(&mut second, &mut cx).is_ready());
+    }
+
+    #[test]
+    fn a_permit_handed_on_is_not_taken_back_before_its_caller_collects_it() {
+        let lease = Duration::from_millis(20);
+        let l = Arc::new(Limiter::new(1, Some(lease)));
+        let held = l.try_acquire().unwrap();
+        let mut first = Queued::default();
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(l.poll_acquire(&mut first, &mut cx).is_pending());
+        drop(held); // handed to `first`, which is not polled for longer than a lease
+        std::thread::sleep(2 * lease);
+        assert!(
+            l.try_acquire().is_none(),
+            "the permit handed on is not free for the taking"
+        );
+        assert!(l.poll_acquire(&mut first, &mut cx).is_ready());
     }
 
     #[test]

@@ -86,7 +86,9 @@ impl Timer {
                 for r in due {
                     let waker = r.waker.lock().unwrap_or_else(|e| e.into_inner()).take();
                     if let Some(w) = waker {
-                        w.wake();
+                        // A waker is executor code: if it panics, this thread must live on
+                        // for every other deadline of the process.
+                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.wake()));
                     }
                 }
                 heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());

@@ -135,85 +135,110 @@ where
             .min(permits)
             .min(total);
         let loader = Arc::new(loader);
-        let spawn = |id: usize| {
+        // Registers a worker slot and starts its thread; false if no thread could be had.
+        let spawn = || {
+            let id = {
+                let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+                st.current.push(None);
+                st.abandoned.push(false);
+                st.current.len() - 1
+            };
             let (cache, shared, loader) = (self.clone(), Arc::clone(&shared), Arc::clone(&loader));
             std::thread::Builder::new()
                 .name("herdcache-warm".into())
                 .spawn(move || cache.warm_worker(id, &shared, &*loader))
                 .is_ok()
         };
-        {
-            let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
-            st.current = vec![None; workers];
-            st.abandoned = vec![false; workers];
+        // Whatever way this returns (a panicking `progress` included), workers still running
+        // take no further key.
+        struct StopOnDrop<'a>(&'a AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
         }
-        let started = (0..workers).filter(|&id| spawn(id)).count();
+        let _stop = StopOnDrop(&shared.stop);
+        // Without any thread, this one loads (also when a replacement cannot be started).
+        let mut inline = (0..workers).filter(|_| spawn()).count() == 0;
         let mut counted = vec![false; total];
         let mut report = WarmReport::default();
         let mut done = 0;
-        let mut count = |outcome: Outcome, report: &mut WarmReport, done: &mut usize| {
+        // Counts key `i` once (a worker given up on may still report it); returns the keys
+        // done so far.
+        let mut count = |i: usize, outcome: Outcome| -> usize {
+            if std::mem::replace(&mut counted[i], true) {
+                return done;
+            }
             match outcome {
                 Outcome::Loaded => report.loaded += 1,
                 Outcome::Skipped => report.skipped += 1,
                 Outcome::Failed => report.failed += 1,
             }
-            *done += 1;
+            done += 1;
             progress(WarmProgress {
-                done: *done as u64,
+                done: done as u64,
                 total: total as u64,
-                report: *report,
+                report,
             });
+            done
         };
-        if started == 0 {
-            // No thread could be started: load on this one.
-            while done < total {
-                let outcome = self.warm_one(&shared.keys[done], &*loader);
-                count(outcome, &mut report, &mut done);
-            }
-            return report;
-        }
         let timeout = self.inner.load_timeout;
-        let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
-        while done < total {
-            for (i, outcome) in std::mem::take(&mut st.finished) {
-                if !std::mem::replace(&mut counted[i], true) {
-                    count(outcome, &mut report, &mut done);
+        let mut finished_count = 0;
+        while finished_count < total {
+            if inline {
+                let i = shared.next.fetch_add(1, Ordering::Relaxed);
+                if let Some(key) = shared.keys.get(i) {
+                    let outcome = self.warm_one(key, &*loader, || {});
+                    finished_count = count(i, outcome);
+                    continue;
                 }
             }
-            if done == total {
-                break;
-            }
+            // Under the lock: what finished, and which workers are stuck in a loader past its
+            // deadline (given up on: their key fails, and a new worker takes their place).
             let now = Instant::now();
-            let mut wake_at = None;
-            if let Some(t) = timeout {
-                for id in 0..st.current.len() {
-                    let Some((i, since)) = st.current[id] else {
-                        continue;
-                    };
-                    let at = since.checked_add(t).unwrap_or(now);
-                    if now < at {
-                        wake_at = Some(wake_at.map_or(at, |w: Instant| w.min(at)));
-                        continue;
+            let (finished, stuck, wake_at) = {
+                let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+                let mut stuck = Vec::new();
+                let mut wake_at: Option<Instant> = None;
+                if let Some(t) = timeout {
+                    for id in 0..st.current.len() {
+                        let Some((i, since)) = st.current[id] else {
+                            continue;
+                        };
+                        match since.checked_add(t) {
+                            Some(at) if now < at => {
+                                wake_at = Some(wake_at.map_or(at, |w| w.min(at)));
+                            }
+                            _ => {
+                                st.current[id] = None;
+                                st.abandoned[id] = true;
+                                stuck.push(i);
+                            }
+                        }
                     }
-                    // Stuck in a loader past its deadline: count the key as failed and put
-                    // a new worker in this one's place.
-                    st.current[id] = None;
-                    st.abandoned[id] = true;
-                    if !std::mem::replace(&mut counted[i], true) {
-                        count(Outcome::Failed, &mut report, &mut done);
-                    }
-                    let replacement = st.current.len();
-                    st.current.push(None);
-                    st.abandoned.push(false);
-                    drop(st);
-                    spawn(replacement);
-                    st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+                }
+                (std::mem::take(&mut st.finished), stuck, wake_at)
+            };
+            // Outside the lock: `progress` is user code.
+            for (i, outcome) in finished {
+                finished_count = count(i, outcome);
+            }
+            for i in stuck {
+                finished_count = count(i, Outcome::Failed);
+                if !spawn() {
+                    inline = true;
                 }
             }
-            if done == total {
-                break;
+            let keys_left = shared.next.load(Ordering::Relaxed) < total;
+            if finished_count >= total || (inline && keys_left) {
+                continue;
             }
-            st = match wake_at {
+            let st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            if !st.finished.is_empty() {
+                continue;
+            }
+            // A worker that finishes notifies under this lock, so none is missed.
+            drop(match wake_at {
                 None => shared.changed.wait(st).unwrap_or_else(|e| e.into_inner()),
                 Some(at) => {
                     shared
@@ -222,9 +247,8 @@ where
                         .unwrap_or_else(|e| e.into_inner())
                         .0
                 }
-            };
+            });
         }
-        shared.stop.store(true, Ordering::Relaxed);
         report
     }
 
@@ -243,11 +267,12 @@ where
             let Some(key) = shared.keys.get(i) else {
                 return;
             };
-            {
+            // Only time spent inside the loader counts toward giving up on this worker: a
+            // wait for another caller's load or for a permit ends at the load's deadline.
+            let outcome = self.warm_one(key, loader, || {
                 let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
                 st.current[id] = Some((i, Instant::now()));
-            }
-            let outcome = self.warm_one(key, loader);
+            });
             let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
             if st.abandoned[id] {
                 return;
@@ -259,17 +284,26 @@ where
         }
     }
 
-    fn warm_one<E, F>(&self, key: &K, loader: &F) -> Outcome
+    /// Loads one key unless it has a live value; `started` runs when its loader starts. No
+    /// panic escapes (user code: the key's `Hash` and `Eq`, the loader).
+    fn warm_one<E, F>(&self, key: &K, loader: &F, started: impl FnOnce()) -> Outcome
     where
         F: Fn(&K) -> Result<V, E>,
         E: Send + Sync + 'static,
     {
-        if self.peek_live(key) {
-            return Outcome::Skipped;
-        }
-        match catch_unwind(AssertUnwindSafe(|| self.get_or_load(key, loader))) {
-            Ok(Ok(_)) => Outcome::Loaded,
-            Ok(Err(_)) | Err(_) => Outcome::Failed,
-        }
+        let run = || {
+            if self.peek_live(key) {
+                return Outcome::Skipped;
+            }
+            let load = |k: &K| {
+                started();
+                loader(k)
+            };
+            match self.get_or_load(key, load) {
+                Ok(_) => Outcome::Loaded,
+                Err(_) => Outcome::Failed,
+            }
+        };
+        catch_unwind(AssertUnwindSafe(run)).unwrap_or(Outcome::Failed)
     }
 }

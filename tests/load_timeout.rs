@@ -349,3 +349,42 @@ async fn a_spawned_loader_is_cancelled_at_its_deadline() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+#[test]
+fn a_refresh_job_run_after_its_deadline_does_not_load() {
+    let clock = ManualClock::new();
+    let jobs: Arc<std::sync::Mutex<Vec<herdcache::RefreshJob>>> = Arc::default();
+    let queue = Arc::clone(&jobs);
+    let c: C = Cache::builder()
+        .max_capacity(100)
+        .time_to_live(Duration::from_secs(60))
+        .refresh_after(Duration::from_secs(10))
+        .load_timeout(LOAD_TIMEOUT)
+        .clock(clock.clone())
+        .refresh_spawner(move |job| queue.lock().unwrap().push(job))
+        .build()
+        .unwrap();
+    c.insert(1, 1);
+    clock.advance(Duration::from_secs(11));
+    let loads = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&loads);
+    let r = c.get_or_load_background(&1, move |_| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, ()>(2)
+    });
+    assert_eq!(r, Ok(1), "the refresh went to the spawner");
+    // The spawner sits on the job past the load's deadline; a reader detaches the load.
+    thread::sleep(LOAD_TIMEOUT * 2);
+    assert_eq!(
+        c.get_or_load(&1, |_| Ok::<_, ()>(3)),
+        Ok(1),
+        "the value is still valid"
+    );
+    let job = jobs.lock().unwrap().pop().expect("a queued refresh");
+    job.run();
+    assert_eq!(
+        loads.load(Ordering::SeqCst),
+        0,
+        "a detached refresh must not load"
+    );
+}

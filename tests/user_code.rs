@@ -322,3 +322,17 @@ fn an_initial_capacity_that_cannot_be_allocated_is_a_build_error() {
         .build();
     assert_eq!(r.unwrap_err().setting(), "initial_capacity");
 }
+
+#[test]
+fn warm_survives_a_key_whose_hash_panics() {
+    quietly(|| {
+        let c: Cache<Key, u64> = Cache::builder().max_capacity(100).build().unwrap();
+        let bad = key(3);
+        bad.hash_panics.store(true, Ordering::SeqCst);
+        let keys: Vec<Key> = (0..10)
+            .map(|i| if i == 3 { bad.clone() } else { key(i) })
+            .collect();
+        let report = c.warm(keys, |k: &Key| Ok::<_, ()>(k.id), 2);
+        assert_eq!((report.loaded, report.failed), (9, 1));
+    });
+}
