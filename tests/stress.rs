@@ -134,3 +134,82 @@ fn loads_failures_panics_and_expiries_leave_nothing_stuck() {
     run_phase(true);
     let _ = std::panic::take_hook();
 }
+
+/// Loads that outlive their deadline, `forget`s, invalidations and inserts, with a load
+/// limit: every caller returns (waiters of a hung load at its deadline, permits taken back),
+/// the cache stays within capacity, and every value made is dropped exactly once.
+#[test]
+fn hung_loads_forgets_and_deadlines_strand_nobody() {
+    std::panic::set_hook(Box::new(|_| {}));
+    let drops = Arc::new(AtomicUsize::new(0));
+    let made = Arc::new(AtomicUsize::new(0));
+    let timeouts;
+    {
+        let cache: Cache<u64, Arc<Tracked>> = Cache::builder()
+            .max_capacity(KEYS / 2)
+            .time_to_live(Duration::from_millis(30))
+            .max_concurrent_loads(3)
+            .load_timeout(Duration::from_millis(10))
+            .build()
+            .unwrap();
+        let (done, finished) = mpsc::channel();
+        for t in 0..THREADS {
+            let (cache, drops, made, done) =
+                (cache.clone(), drops.clone(), made.clone(), done.clone());
+            thread::spawn(move || {
+                let mut rng = XorShift(0xC0FF_EE00 ^ ((t + 1) * 0x9E37_79B9));
+                for _ in 0..300 {
+                    let k = rng.next() % KEYS;
+                    match rng.next() % 100 {
+                        0..=4 => {
+                            cache.forget(&k);
+                        }
+                        5..=9 => {
+                            cache.invalidate(&k);
+                        }
+                        10..=14 => {
+                            made.fetch_add(1, Ordering::Relaxed);
+                            cache.insert(k, Arc::new(Tracked::new(k, &drops)));
+                        }
+                        roll => {
+                            // One load in ten outlives its deadline (a sync loader cannot be
+                            // stopped: it returns late, and its result must not be cached).
+                            let hang = roll >= 90;
+                            let r = catch_unwind(AssertUnwindSafe(|| {
+                                cache.get_or_load(&k, |k| {
+                                    if hang {
+                                        thread::sleep(Duration::from_millis(25));
+                                    } else {
+                                        thread::yield_now();
+                                    }
+                                    made.fetch_add(1, Ordering::Relaxed);
+                                    Ok::<_, ()>(Arc::new(Tracked::new(*k, &drops)))
+                                })
+                            }));
+                            match r {
+                                Ok(Ok(v)) => assert_eq!(v.id, k),
+                                Ok(Err(LoadError::LoadTimedOut)) => {}
+                                other => panic!("unexpected {:?}", other.map(|r| r.map(|v| v.id))),
+                            }
+                        }
+                    }
+                }
+                done.send(t).unwrap();
+            });
+        }
+        drop(done);
+        for _ in 0..THREADS {
+            finished
+                .recv_timeout(Duration::from_secs(120))
+                .expect("a worker hung: a waiter or a permit was stranded");
+        }
+        assert!(cache.entry_count() <= KEYS / 2);
+        timeouts = cache.stats().load_timeouts;
+    }
+    let _ = std::panic::take_hook();
+    assert!(
+        timeouts > 0,
+        "no load outlived its deadline: the test tested nothing"
+    );
+    assert_eq!(drops.load(Ordering::Relaxed), made.load(Ordering::Relaxed));
+}
