@@ -85,14 +85,24 @@ impl<E: fmt::Display> fmt::Display for LoadError<E> {
     }
 }
 
-impl<E: std::error::Error + 'static> std::error::Error for LoadError<E> {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            LoadError::Failed(e) => Some(&**e),
-            _ => None,
-        }
-    }
-}
+/// Any loader error that can be shown makes a `LoadError` a `std::error::Error`, so `?`
+/// works into `anyhow::Error`, `Box<dyn Error + Send + Sync>` and the like, whatever the
+/// loader's own error type (`String`, `anyhow::Error`, an `io::Error`...). The loader's
+/// error is part of the message (`loader failed: ...`) and is not repeated as a `source()`,
+/// so a report that prints the chain shows it once; match on [`LoadError::Failed`] to get
+/// the error itself.
+///
+/// ```
+/// fn lookup(cache: &herdcache::Cache<u32, String>) -> Result<String, Box<dyn std::error::Error>> {
+///     // A loader whose error is a plain `String`.
+///     let v = cache.get_or_load(&1, |_| Err::<String, _>("source down".to_owned()))?;
+///     Ok(v)
+/// }
+/// let cache = herdcache::Cache::builder().max_capacity(10).build()?;
+/// assert_eq!(lookup(&cache).unwrap_err().to_string(), "loader failed: source down");
+/// # Ok::<(), herdcache::BuildError>(())
+/// ```
+impl<E: fmt::Debug + fmt::Display> std::error::Error for LoadError<E> {}
 
 /// What a caller that is not the leader makes of a finished flight.
 pub(crate) enum Joined<V, E> {

@@ -52,7 +52,9 @@ pub(crate) enum Counter {
 const COUNTERS: usize = Counter::LoadTimeouts as usize + 1;
 
 /// A snapshot of a cache's counters, from [`Cache::stats`](crate::Cache::stats).
+/// `Serialize` with the `serde` feature.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct Stats {
     /// Lookups that found a live value.
@@ -115,10 +117,20 @@ impl Stats {
         self.hits.saturating_add(self.misses)
     }
 
-    /// `hits / requests`, or 1.0 when there was no request.
+    /// `hits / requests`, or 0.0 when there was no request (an idle cache has served
+    /// nothing from memory, so it does not report a perfect ratio).
+    ///
+    /// ```
+    /// let cache: herdcache::Cache<u32, u32> = herdcache::Cache::builder().max_capacity(10).build()?;
+    /// assert_eq!(cache.stats().hit_ratio(), 0.0);
+    /// cache.insert(1, 1);
+    /// let _ = (cache.get(&1), cache.get(&2));
+    /// assert_eq!(cache.stats().hit_ratio(), 0.5);
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn hit_ratio(&self) -> f64 {
         match self.requests() {
-            0 => 1.0,
+            0 => 0.0,
             n => self.hits as f64 / n as f64,
         }
     }

@@ -266,3 +266,43 @@ fn a_waiter_with_another_error_type_loads_itself_after_a_failure() {
     assert!(matches!(leader.join().unwrap(), Err(LoadError::Failed(_))));
     assert_eq!(waiter.join().unwrap().unwrap(), 4);
 }
+
+#[test]
+fn a_load_error_converts_with_question_mark_and_reports_its_cause_once() {
+    fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+        let mut out = e.to_string();
+        let mut cur = e.source();
+        while let Some(s) = cur {
+            out += ": ";
+            out += &s.to_string();
+            cur = s.source();
+        }
+        out
+    }
+    let c = cache();
+    // Loader errors that are not `std::error::Error` themselves convert too.
+    let boxed = || -> Result<u64, Box<dyn std::error::Error + Send + Sync>> {
+        Ok(c.get_or_load(&1, |_| Err::<u64, _>("db down".to_owned()))?)
+    };
+    let e = boxed().unwrap_err();
+    assert_eq!(
+        chain(&*e),
+        "loader failed: db down",
+        "the cause appears once"
+    );
+    let io = || -> Result<u64, Box<dyn std::error::Error>> {
+        Ok(c.get_or_load(&2, |_| {
+            Err::<u64, _>(std::io::Error::other("connection reset"))
+        })?)
+    };
+    assert_eq!(
+        chain(&*io().unwrap_err()),
+        "loader failed: connection reset"
+    );
+}
+
+#[test]
+fn an_idle_cache_reports_no_hit_ratio() {
+    let c = cache();
+    assert_eq!(c.stats().hit_ratio(), 0.0);
+}
