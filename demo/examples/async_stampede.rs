@@ -11,8 +11,8 @@
 //! A load led inline by such a reader dies with it and has to start over; a load on the
 //! spawner outlives it, is cached, and serves the readers that come next.
 //!
-//! Run: `cargo run --release --example async_stampede --features tokio -- [--readers N]
-//! [--load-ms L] [--ttl-ms T] [--seconds S] [--rate R]`
+//! Run: `cargo run --release -p herdcache-demo --example async_stampede --features tokio --
+//! [--readers N] [--load-ms L] [--ttl-ms T] [--seconds S] [--rate R]`
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

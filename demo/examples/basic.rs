@@ -1,6 +1,6 @@
 //! Fills a bounded cache from several threads, reads it back, and prints the statistics.
 //!
-//! Run: `cargo run --release --example basic`
+//! Run: `cargo run --release -p herdcache-demo --example basic`
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

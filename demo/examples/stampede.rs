@@ -10,8 +10,8 @@
 //! most loads in flight at once, how many reads blocked (took at least half a load time,
 //! i.e. waited for a load), and read latency percentiles.
 //!
-//! Run: `cargo run --release --example stampede -- [--readers N] [--load-ms L] [--ttl-ms T]
-//! [--seconds S] [--rate R] [--beta B]`
+//! Run: `cargo run --release -p herdcache-demo --example stampede -- [--readers N]
+//! [--load-ms L] [--ttl-ms T] [--seconds S] [--rate R] [--beta B]`
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
