@@ -248,6 +248,7 @@ impl<V> Flight<V> {
     /// Claims the flight and completes it with `result`; false (and `result` dropped) if it
     /// was claimed already (a detached load finishing late, or a detacher losing to the
     /// leader, whose result is then about to be published).
+    #[cfg(test)]
     pub(crate) fn complete(&self, result: FlightResult<V>) -> bool {
         if !self.claim() {
             return false;
@@ -283,10 +284,12 @@ impl<V> Flight<V> {
                 match &waiter.wake {
                     Wake::Thread(t) => t.unpark(),
                     Wake::Task(slot) => {
-                        // Taken under the lock, woken outside it (waking runs executor code).
+                        // Taken under the lock, woken outside it (waking runs executor code,
+                        // which must not stop the other wake-ups if it panics).
                         let waker = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
                         if let Some(w) = waker {
-                            w.wake();
+                            let _ =
+                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.wake()));
                         }
                     }
                 }

@@ -331,17 +331,12 @@ where
                 self.time_out(key, hash, &flight);
                 outcome = flight.result();
                 if outcome.is_none() {
-                    // The leader claimed first and is publishing (its table write and
-                    // admission away): yield until it has.
-                    let f = &flight;
+                    // The leader claimed first and is publishing: wait for that alone.
                     outcome = Some(
-                        std::future::poll_fn(|cx| match f.result() {
-                            Some(r) => Poll::Ready(r),
-                            None => {
-                                cx.waker().wake_by_ref();
-                                Poll::Pending
-                            }
-                        })
+                        Published {
+                            flight: &flight,
+                            sub: flight.subscribe(),
+                        }
                         .await,
                     );
                 }
@@ -431,6 +426,38 @@ impl<'a, V, D: Future<Output = ()>> Future for Waiting<'a, V, D> {
 }
 
 impl<V, D> Drop for Waiting<'_, V, D> {
+    fn drop(&mut self) {
+        if let Some(sub) = &self.sub {
+            self.flight.unsubscribe(sub);
+        }
+    }
+}
+
+/// Waits for a flight's result with no deadline: used only once its publication is under
+/// way (its completion is claimed).
+struct Published<'a, V> {
+    flight: &'a Flight<V>,
+    sub: Option<Subscription>,
+}
+
+impl<'a, V> Future for Published<'a, V> {
+    type Output = &'a FlightResult<V>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let flight = this.flight;
+        match &this.sub {
+            // Complete before we could subscribe.
+            None => Poll::Ready(flight.result().expect("no subscription: complete")),
+            Some(sub) => flight.poll_result(sub, cx).map(|r| {
+                this.sub = None;
+                r
+            }),
+        }
+    }
+}
+
+impl<V> Drop for Published<'_, V> {
     fn drop(&mut self) {
         if let Some(sub) = &self.sub {
             self.flight.unsubscribe(sub);

@@ -224,27 +224,37 @@ where
     {
         let pinned = self.inner.domain.pin();
         let hash = self.inner.hasher.hash_one(key);
-        let decide = |cur: Option<&Node<K, Entry<V>>>| match cur {
-            Some(n) if matches!(n.value.kind, Kind::Loading(_)) => Decision::Remove,
-            _ => Decision::Keep,
+        let current = self
+            .inner
+            .table
+            .get(hash, |k| k.borrow() == key, &pinned.guard);
+        let Some(Kind::Loading(flight)) = current.map(|n| &n.value.kind) else {
+            return false;
         };
-        let outcome =
-            self.inner
-                .table
-                .update(hash, |k| k.borrow() == key, None, decide, &pinned.guard);
-        match outcome {
-            Outcome::Removed(old) => {
-                // The policy may still track the write the load replaced.
-                self.forget_in_policy(old.value.pkey, old.value.version);
-                if let Kind::Loading(flight) = &old.value.kind {
-                    // Its waiters look again (one leads a new load) and its permit is back;
-                    // the detached loader's late result is refused by the version check.
-                    flight.complete(FlightResult::Abandoned);
-                }
-                true
-            }
-            _ => false,
+        // Claimed first, as a time-out is: if the leader has claimed, its result is being
+        // published and there is nothing left to detach.
+        if !flight.claim() {
+            return false;
         }
+        let flight = Arc::clone(flight);
+        let is_ours = |n: &Node<K, Entry<V>>| matches!(&n.value.kind, Kind::Loading(f) if Arc::ptr_eq(f, &flight));
+        let decide = |cur: Option<&Node<K, Entry<V>>>| match cur {
+            Some(_) => Decision::Remove,
+            None => Decision::Keep,
+        };
+        let outcome = self
+            .inner
+            .table
+            .update_node(hash, is_ours, None, decide, &pinned.guard);
+        if let Outcome::Removed(old) = outcome {
+            // The policy may still track the write the load replaced.
+            self.forget_in_policy(old.value.pkey, old.value.version);
+        }
+        // Its waiters look again (one leads a new load) and its permit is back; the detached
+        // loader's late result is refused (it lost the claim).
+        // SAFETY: claimed above, published once.
+        unsafe { flight.publish(FlightResult::Abandoned) };
+        true
     }
 
     /// Detaches a load past its deadline (`load_timeout`) if the slot still holds it: a
@@ -259,6 +269,21 @@ where
         if !flight.claim() {
             return false;
         }
+        // Between our claim and our publication nothing may unwind past us (a custom clock,
+        // the listener of what the put-back evicts): the waiters would wait for ever.
+        let settled = catch_unwind(AssertUnwindSafe(|| self.detach(key, hash, flight)));
+        self.inner.domain.pin().count(Counter::LoadTimeouts);
+        // SAFETY: claimed above, published once.
+        unsafe { flight.publish(FlightResult::TimedOut) };
+        if let Err(panic) = settled {
+            std::panic::resume_unwind(panic);
+        }
+        true
+    }
+
+    /// `time_out`'s table work: puts a refresh's still-valid value back, or removes the
+    /// flight's `Loading` entry, if the slot still holds it.
+    fn detach(&self, key: &K, hash: u64, flight: &Arc<Flight<V>>) {
         let now = self.now();
         // The value to put back runs user code (`Clone`, the weigher): if it panics, the
         // load is removed instead, so the flight still completes.
@@ -304,10 +329,6 @@ where
             Outcome::Removed(old) => self.forget_in_policy(old.value.pkey, old.value.version),
             _ => {}
         }
-        pinned.count(Counter::LoadTimeouts);
-        // SAFETY: claimed above, published once.
-        unsafe { flight.publish(FlightResult::TimedOut) };
-        true
     }
 
     /// The result of a flight this caller found overdue: it detaches it, or, if the leader
@@ -494,7 +515,10 @@ where
             }));
             let pkey = self.pkey(key);
             let loading = Entry::loading(version, pkey, Arc::clone(&flight));
+            // Both clones of the key (user code) before the install: once our `Loading` entry
+            // is in the table, only the `Lead` (whose drop settles it) may run user code.
             let node = Owned::new(Node::new(hash, key.clone(), loading));
+            let lead_key = key.clone();
             let decide = |cur: Option<&Node<K, Entry<V>>>| {
                 if cur.map(|n| n.value.version) == seen {
                     Decision::Put
@@ -533,7 +557,7 @@ where
             drop(pinned);
             return Step::Lead(Lead {
                 cache: self.clone(),
-                key: key.clone(),
+                key: lead_key,
                 hash,
                 pkey,
                 version,
@@ -633,10 +657,13 @@ where
                 };
                 let weight = cache.weight_of(&lead.key, &value);
                 let pkey = lead.pkey;
+                // Every clone (user code) before the table changes: what the waiters get and
+                // what the table holds cannot then part ways on a panic.
+                let for_waiters = value.clone();
                 lead.replace_loading(weight, || {
                     cache.ready_entry(pkey, value.clone(), expires_at, delta, 0)
                 });
-                lead.finish(FlightResult::Value(value.clone()));
+                lead.finish(FlightResult::Value(for_waiters));
                 Ok(value)
             }
             Err(error) => {
@@ -737,8 +764,14 @@ where
     /// for its spawner past the load's deadline (a waiter may have detached it already, and
     /// returned its permit).
     pub(crate) fn stale_before_start(&self) -> bool {
-        // (loom makes every deadline overdue at once; there, only a detached load is.)
-        self.flight.is_claimed() || (!cfg!(herdcache_loom) && self.flight.overdue(Instant::now()))
+        // A load detached by `forget` still runs: its result goes to this caller alone, as
+        // `forget` promises. (loom makes every deadline overdue at once; there, a claimed
+        // flight is the sign of a detach.)
+        if cfg!(herdcache_loom) {
+            self.flight.is_claimed()
+        } else {
+            self.flight.overdue(Instant::now())
+        }
     }
 
     /// Claims the flight's completion for this leader, once; false if a detacher (its
@@ -828,10 +861,11 @@ where
         let cache = self.cache.clone();
         let weight = cache.weight_of(&self.key, &old);
         let pkey = self.pkey;
+        let for_waiters = old.clone();
         self.replace_loading(weight, || {
             cache.ready_entry(pkey, old.clone(), until, delta, failures + 1)
         });
-        self.finish(FlightResult::Value(old.clone()));
+        self.finish(FlightResult::Value(for_waiters));
         Some(old)
     }
 
@@ -850,8 +884,12 @@ where
     /// Detaches this load at its deadline (an inline or spawned loader future, dropped by
     /// the caller right after): what its caller gets instead of a value.
     pub(crate) fn time_out<E>(mut self) -> Result<V, LoadError<E>> {
-        self.finished = true;
-        if !self.claimed {
+        if self.claimed {
+            // (Not reached today: a leader claims only when it concludes.)
+            self.remove_loading();
+            self.finish(FlightResult::TimedOut);
+        } else {
+            self.finished = true;
             self.cache.time_out(&self.key, self.hash, &self.flight);
         }
         match self.flight.result() {

@@ -97,7 +97,8 @@ fn wake(ticket: Option<Arc<Ticket>>) {
             Wake::Task(slot) => {
                 let w = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
                 if let Some(w) = w {
-                    w.wake();
+                    // Executor code: a panic must not lose the hand-off's other effects.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.wake()));
                 }
             }
         }

@@ -336,3 +336,59 @@ fn warm_survives_a_key_whose_hash_panics() {
         assert_eq!((report.loaded, report.failed), (9, 1));
     });
 }
+
+/// A key whose `Clone` panics on the clone number `n` (counting down from the arming).
+#[derive(Debug)]
+struct CloneBomb {
+    id: u64,
+    countdown: Arc<AtomicUsize>,
+}
+
+impl Clone for CloneBomb {
+    fn clone(&self) -> Self {
+        if self.countdown.fetch_sub(1, Ordering::SeqCst) == 1 {
+            panic!("user code: key Clone");
+        }
+        CloneBomb {
+            id: self.id,
+            countdown: Arc::clone(&self.countdown),
+        }
+    }
+}
+impl PartialEq for CloneBomb {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+impl Eq for CloneBomb {}
+impl Hash for CloneBomb {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
+    }
+}
+
+#[test]
+fn a_key_clone_panicking_in_get_or_load_leaves_no_load_behind() {
+    quietly(|| {
+        for n in 1..=3 {
+            let c: Cache<CloneBomb, u64> = Cache::builder().max_capacity(10).build().unwrap();
+            let key = CloneBomb {
+                id: 1,
+                countdown: Arc::new(AtomicUsize::new(n)),
+            };
+            let r = catch_unwind(AssertUnwindSafe(|| c.get_or_load(&key, |_| Ok::<_, ()>(1))));
+            key.countdown.store(usize::MAX, Ordering::SeqCst);
+            // Whatever clone panicked, the key is not left loading: the next call loads.
+            let (tx, rx) = std::sync::mpsc::channel();
+            let (c2, k2) = (c.clone(), key.clone());
+            std::thread::spawn(move || tx.send(c2.get_or_load(&k2, |_| Ok::<_, ()>(2))));
+            let got = rx
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|_| panic!("clone {n}: the next caller is stuck on a dead load"));
+            match r {
+                Ok(v) => assert_eq!((v, got), (Ok(1), Ok(1)), "clone {n}"),
+                Err(_) => assert_eq!(got, Ok(2), "clone {n}"),
+            }
+        }
+    });
+}

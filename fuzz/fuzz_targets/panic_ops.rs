@@ -1,4 +1,4 @@
-//! Operation sequences in which user code panics: the key's `Hash` or `Eq`, the value's
+//! Operation sequences in which user code panics: the key's `Hash`, `Eq` or `Clone`, the value's
 //! `Clone` or `Drop`, the weigher, the eviction listener or the loader, switched on for one
 //! operation at a time. Checked: the process never aborts; a panic reaches only the
 //! operation that ran the panicking code; the cache never holds more entries than its
@@ -29,6 +29,7 @@ enum Spot {
     Nowhere,
     Hash,
     Eq,
+    KeyClone,
     Clone,
     Weigher,
     Listener,
@@ -38,8 +39,17 @@ fn armed(spot: Spot) -> bool {
     SPOT.with(Cell::get) == spot
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct Key(u8);
+
+impl Clone for Key {
+    fn clone(&self) -> Self {
+        if armed(Spot::KeyClone) {
+            panic!("key Clone");
+        }
+        Key(self.0)
+    }
+}
 
 impl Hash for Key {
     fn hash<H: Hasher>(&self, state: &mut H) {
