@@ -46,6 +46,13 @@ thread_local! {
     static QUEUED: RefCell<VecDeque<Box<dyn FnOnce()>>> = const { RefCell::new(VecDeque::new()) };
 }
 
+/// Tells `listen` of `node`'s value, if it holds one, containing a panic.
+fn call_listener<K, V>(listen: &Listener<K, V>, node: &Node<K, Entry<V>>, cause: RemovalCause) {
+    if let Kind::Ready(r) = &node.value.kind {
+        let _ = catch_unwind(AssertUnwindSafe(|| listen(&node.key, &r.value, cause)));
+    }
+}
+
 /// The user's eviction listener.
 pub(crate) type Listener<K, V> = Arc<dyn Fn(&K, &V, RemovalCause) + Send + Sync>;
 /// The user's weigher.
@@ -117,11 +124,6 @@ where
         let (Some(listen), Kind::Ready(_)) = (&self.inner.hooks.listener, &node.value.kind) else {
             return;
         };
-        let call = |node: &Node<K, Entry<V>>| {
-            if let Kind::Ready(r) = &node.value.kind {
-                let _ = catch_unwind(AssertUnwindSafe(|| listen(&node.key, &r.value, cause)));
-            }
-        };
         let nested = LISTENING.try_with(Cell::get).unwrap_or(false);
         if nested {
             if let Some(guard) = self.inner.domain.pin().into_nested_guard() {
@@ -131,10 +133,7 @@ where
                     // SAFETY: `guard` is a nested pin of the handle whose guard the caller
                     // held while `node` was reachable, so the collector has not freed it.
                     let node = unsafe { &*(node as *const Node<K, Entry<V>>) };
-                    if let Kind::Ready(r) = &node.value.kind {
-                        let _ =
-                            catch_unwind(AssertUnwindSafe(|| listen(&node.key, &r.value, cause)));
-                    }
+                    call_listener(&listen, node, cause);
                     drop(guard);
                 });
                 if QUEUED.try_with(|q| q.borrow_mut().push_back(job)).is_ok() {
@@ -142,11 +141,11 @@ where
                 }
             }
             // No thread-local handle or storage (thread teardown): call it now.
-            call(node);
+            call_listener(listen, node, cause);
             return;
         }
         let _ = LISTENING.try_with(|l| l.set(true));
-        call(node);
+        call_listener(listen, node, cause);
         // What the listener's own writes evicted, in order, each after the one before it
         // has returned.
         while let Some(job) = QUEUED
