@@ -274,8 +274,8 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     /// ([`get_or_load_timeout`](Cache::get_or_load_timeout)), to the waiters of a load past
     /// its [`load_timeout`](Self::load_timeout), and to a caller held back by
     /// [`max_concurrent_loads`](Self::max_concurrent_loads) (from 0 to [`MAX_DURATION`];
-    /// default 60 seconds). A value expired longer ago is never served: the caller gets the
-    /// timeout error instead.
+    /// default 60 seconds). A value expired longer ago is never served: the waiter gets its
+    /// timeout error instead, and a held-back caller queues for a permit.
     ///
     /// ```
     /// use std::time::Duration;
@@ -373,8 +373,10 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     /// the writing thread, before the entry is stored). A weight of 0 counts as 1, so the
     /// cache never holds more than `max_capacity` entries whatever the weigher says; an entry
     /// heavier than the whole capacity is evicted by its own write, reported as
-    /// [`RemovalCause::Oversized`](crate::RemovalCause::Oversized). Cached load errors weigh
-    /// 1. A weigher that panics fails the write that called it, which then changes nothing.
+    /// [`RemovalCause::Oversized`](crate::RemovalCause::Oversized). Cached load errors
+    /// weigh 1. A weigher that panics fails the write that called it, which then changes
+    /// nothing (except that when it panics putting back a failed refresh's still-valid value,
+    /// that entry is removed instead).
     ///
     /// ```
     /// let cache: herdcache::Cache<u32, String> = herdcache::Cache::builder()
@@ -392,8 +394,8 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     }
 
     /// Called once for each value that leaves the cache, with its key and why
-    /// ([`RemovalCause`](crate::RemovalCause)): evicted for size, expired, invalidated, or
-    /// replaced. It runs on the thread that removed the value, after the removal, outside any
+    /// ([`RemovalCause`](crate::RemovalCause)): evicted for size, expired, invalidated,
+    /// replaced, or heavier than the whole capacity. It runs on the thread that removed the value, after the removal, outside any
     /// lock; a panic in it is caught and dropped. Cached load errors are not reported.
     ///
     /// It may use the cache (insert, load, invalidate). Listeners never nest: what its own

@@ -227,8 +227,8 @@ where
     /// Removes `key`'s entry. Returns whether it held a value that [`get`](Self::get) would
     /// have returned (an expired entry is removed too, but returns false).
     ///
-    /// A load of the key in progress is detached, as by [`forget`](Self::forget): its result
-    /// goes to its waiters but is not cached.
+    /// A load of the key in progress is detached: its result still goes to its waiters but
+    /// is not cached. ([`forget`](Self::forget) instead wakes the waiters to load afresh.)
     pub fn invalidate<Q>(&self, key: &Q) -> bool
     where
         K: Borrow<Q>,

@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 /// A monotonic source of time for expiry decisions.
 ///
 /// Implement it to drive a cache from your own notion of time; the cache calls [`now`] on
-/// every read of an entry that has an expiry, so it should be cheap.
+/// every read of an entry that has an expiry, so it should be cheap. Unlike the other user
+/// code a cache runs, it must not panic: the cache reads the clock under the eviction
+/// policy's lock and while cleaning up after a failed load, where a panic cannot be
+/// contained.
 ///
 /// [`now`]: Clock::now
 pub trait Clock: Send + Sync + fmt::Debug + 'static {

@@ -185,7 +185,8 @@
 //! # Pacing loads
 //!
 //! [`max_concurrent_loads(n)`](CacheBuilder::max_concurrent_loads) bounds the loads in flight
-//! across all keys: a caller over the bound serves its stale value, or queues for a permit;
+//! across all keys (those within their `load_timeout`: a hung sync loader keeps running,
+//! without its permit): a caller over the bound serves its stale value, or queues for a permit;
 //! a released permit goes to the first caller in the queue, and only that one is woken. With
 //! a [`load_timeout`](CacheBuilder::load_timeout), a hung load's permit is taken back at its
 //! deadline, so hung loaders cannot starve the cache. [`Cache::warm`] loads a list of keys
@@ -246,13 +247,14 @@
 //!
 //! The cache runs your code: the key's `Hash`, `Eq` and `Clone`, the value's `Clone` and
 //! `Drop`, the weigher, the eviction listener and the loader. A panic in any of them breaks
-//! only the operation that ran it:
+//! only the operation that ran it (a custom [`Clock`] is the one exception: it must not
+//! panic):
 //!
 //! - that operation panics (a loader's panic goes on in the caller that ran the loader; the
 //!   callers waiting on that load get [`LoadError::Panicked`]);
 //! - every other operation and thread carries on, and the next call for the key works;
 //! - the table and the eviction policy stay in step, so the capacity bound holds: the
-//!   policy's own bookkeeping, done under its lock, runs no user code at all;
+//!   policy's own bookkeeping, done under its lock, runs none of the code above;
 //! - no value is leaked: a value whose `Drop` panics is still counted as dropped, and the
 //!   panic is contained where the cache frees it (in a later reclamation, or when the cache
 //!   is dropped) instead of surfacing in an unrelated operation;

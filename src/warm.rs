@@ -74,7 +74,7 @@ where
     S: BuildHasher + Send + Sync + 'static,
 {
     /// Loads every key of `keys` that has no value yet, running `loader` on up to
-    /// `concurrency` threads at once (at least 1, at most [`MAX_WARM_CONCURRENCY`], and at
+    /// `concurrency` threads at once (loads past their `load_timeout` aside, see below) (at least 1, at most [`MAX_WARM_CONCURRENCY`], and at
     /// most [`max_concurrent_loads`](crate::CacheBuilder::max_concurrent_loads)).
     ///
     /// Loads go through single flight, so a reader of a key being warmed waits for the same
