@@ -203,6 +203,32 @@ fn hung_loads_forgets_and_deadlines_strand_nobody() {
                 .recv_timeout(Duration::from_secs(120))
                 .expect("a worker hung: a waiter or a permit was stranded");
         }
+        // And one load that surely outlives its deadline while another caller waits on it
+        // (its loader is held until that caller has its answer).
+        let (started, is_started) = mpsc::channel();
+        let (release, gate) = mpsc::channel::<()>();
+        let hung = {
+            let (cache, drops, made) = (cache.clone(), drops.clone(), made.clone());
+            thread::spawn(move || {
+                let _ = cache.get_or_load(&999, |_| {
+                    started.send(()).unwrap();
+                    let _ = gate.recv();
+                    made.fetch_add(1, Ordering::Relaxed);
+                    Ok::<_, ()>(Arc::new(Tracked::new(999, &drops)))
+                });
+            })
+        };
+        is_started
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the held load did not start");
+        let r = cache.get_or_load(&999, |_| Err::<Arc<Tracked>, _>(()));
+        assert!(
+            matches!(r, Err(LoadError::LoadTimedOut)),
+            "{:?}",
+            r.map(|v| v.id)
+        );
+        release.send(()).unwrap();
+        hung.join().unwrap();
         assert!(cache.entry_count() <= KEYS / 2);
         timeouts = cache.stats().load_timeouts;
     }
