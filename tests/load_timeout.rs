@@ -234,7 +234,12 @@ fn forget_wakes_the_waiters_and_returns_the_permit() {
 
 #[test]
 fn warm_returns_despite_a_hung_loader() {
-    let c = cache();
+    // A deadline long enough that no quick load is given up on, even on a loaded machine.
+    let c: C = Cache::builder()
+        .max_capacity(100)
+        .load_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
     let (release, gate) = mpsc::channel::<()>();
     let gate = Arc::new(std::sync::Mutex::new(gate));
     let report = within_bound("warm with a hung loader", {
