@@ -289,16 +289,8 @@ where
         // load is removed instead, so the flight still completes.
         let restore = catch_unwind(AssertUnwindSafe(|| {
             flight.serving(|| now).map(|v| {
-                let (delta, failures) = flight.history();
                 let weight = self.weight_of(key, v);
-                let pkey = self.pkey(key);
-                let entry = self.ready_entry(
-                    pkey,
-                    v.clone(),
-                    flight.stale_valid_until(),
-                    delta,
-                    failures + 1,
-                );
+                let entry = self.put_back_entry(self.pkey(key), flight, v.clone());
                 (Owned::new(Node::new(hash, key.clone(), entry)), weight)
             })
         }))
@@ -308,22 +300,18 @@ where
             None => (None, 0),
         };
         let restoring = node.is_some();
-        let ours = |cur: Option<&Node<K, Entry<V>>>| match cur {
-            Some(n) if matches!(&n.value.kind, Kind::Loading(f) if Arc::ptr_eq(f, flight)) => {
-                if restoring {
-                    Decision::Put
-                } else {
-                    Decision::Remove
-                }
-            }
-            _ => Decision::Keep,
+        // `is_ours` lets only the flight's own entry through.
+        let decide = |cur: Option<&Node<K, Entry<V>>>| match cur {
+            Some(_) if restoring => Decision::Put,
+            Some(_) => Decision::Remove,
+            None => Decision::Keep,
         };
         let pinned = self.inner.domain.pin();
         let is_ours = |n: &Node<K, Entry<V>>| matches!(&n.value.kind, Kind::Loading(f) if Arc::ptr_eq(f, flight));
         let outcome = self
             .inner
             .table
-            .update_node(hash, is_ours, node, ours, &pinned.guard);
+            .update_node(hash, is_ours, node, decide, &pinned.guard);
         match outcome {
             Outcome::Replaced(_, new) => self.admit(new, weight, &pinned),
             Outcome::Removed(old) => self.forget_in_policy(old.value.pkey, old.value.version),
@@ -341,6 +329,14 @@ where
     ) -> Option<&'f FlightResult<V>> {
         self.time_out(key, hash, flight);
         flight.result().or_else(|| flight.wait(None))
+    }
+
+    /// The entry that puts back a refresh's still-valid `value` when its load failed or was
+    /// detached: its hard expiry as before, one more failure behind it (so the next refresh
+    /// backs off).
+    fn put_back_entry(&self, pkey: u64, flight: &Flight<V>, value: V) -> Entry<V> {
+        let (delta, failures) = flight.history();
+        self.ready_entry(pkey, value, flight.stale_valid_until(), delta, failures + 1)
     }
 
     /// The value a caller gets in place of a load that did not finish for it: the expired
@@ -792,17 +788,16 @@ where
         let cache = &self.cache;
         let pinned = cache.inner.domain.pin();
         let node = Owned::new(Node::new(self.hash, self.key.clone(), make()));
-        let ours = |cur: Option<&Node<K, Entry<V>>>| match cur {
-            Some(n) if n.value.version == self.version => Decision::Put,
-            _ => Decision::Keep,
-        };
         // Matched by version (unique in the cache), so no `Eq` of the key runs: this also
-        // serves the drop path.
+        // serves the drop path. Only our own entry gets through to `decide`.
         let outcome = cache.inner.table.update_node(
             self.hash,
             |n| n.value.version == self.version,
             Some(node),
-            ours,
+            |cur| match cur {
+                Some(_) => Decision::Put,
+                None => Decision::Keep,
+            },
             &pinned.guard,
         );
         match outcome {
@@ -834,15 +829,14 @@ where
             return; // detached: whoever did it settled the slot
         }
         let pinned = self.cache.inner.domain.pin();
-        let ours = |cur: Option<&Node<K, Entry<V>>>| match cur {
-            Some(n) if n.value.version == self.version => Decision::Remove,
-            _ => Decision::Keep,
-        };
         let outcome = self.cache.inner.table.update_node(
             self.hash,
             |n| n.value.version == self.version,
             None,
-            ours,
+            |cur| match cur {
+                Some(_) => Decision::Remove,
+                None => Decision::Keep,
+            },
             &pinned.guard,
         );
         if matches!(outcome, Outcome::Removed(_)) {
@@ -856,15 +850,11 @@ where
     /// with it; returns it. `None` (and nothing done) otherwise.
     fn restore_stale(&mut self, now: u64) -> Option<V> {
         let old = self.flight.serving(|| now).cloned()?;
-        let until = self.flight.stale_valid_until();
-        let (delta, failures) = self.flight.history();
         let cache = self.cache.clone();
         let weight = cache.weight_of(&self.key, &old);
-        let pkey = self.pkey;
+        let (pkey, flight) = (self.pkey, Arc::clone(&self.flight));
         let for_waiters = old.clone();
-        self.replace_loading(weight, || {
-            cache.ready_entry(pkey, old.clone(), until, delta, failures + 1)
-        });
+        self.replace_loading(weight, || cache.put_back_entry(pkey, &flight, old.clone()));
         self.finish(FlightResult::Value(for_waiters));
         Some(old)
     }
