@@ -93,6 +93,10 @@ pub struct CacheBuilder<K, V, S = DefaultHashBuilder> {
     pub(crate) clock: Option<Arc<dyn Clock>>,
     #[cfg(feature = "redis")]
     pub(crate) shared: Option<crate::fleet::RedisTier<K, V>>,
+    /// Starts the tier's subscriber once the cache exists (set by `shared_tier`, where the
+    /// bounds it needs are known).
+    #[cfg(feature = "redis")]
+    listen: Option<fn(&Cache<K, V, S>)>,
     pub(crate) hooks: crate::removal::Hooks<K, V>,
     pub(crate) hasher: S,
     _marker: PhantomData<fn(K, V)>,
@@ -144,6 +148,8 @@ impl<K, V> CacheBuilder<K, V, DefaultHashBuilder> {
             clock: None,
             #[cfg(feature = "redis")]
             shared: None,
+            #[cfg(feature = "redis")]
+            listen: None,
             hooks: crate::removal::Hooks::default(),
             hasher: DefaultHashBuilder::default(),
             _marker: PhantomData,
@@ -360,11 +366,20 @@ impl<K, V, S> CacheBuilder<K, V, S> {
 
     /// Coordinates loads across instances through a shared Redis tier with soft locks (feature
     /// `redis`): see [`RedisTier`](crate::fleet::RedisTier). Each load this cache leads first
-    /// asks the tier, and only one instance of the fleet loads from the source at a time.
+    /// asks the tier, and only one instance of the fleet loads from the source at a time;
+    /// `insert`, `invalidate` and `invalidate_all` go through the tier and reach every
+    /// instance within the tier's coherence bound. Give the tier after
+    /// [`hasher`](Self::hasher), if you set one.
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-    pub fn shared_tier(mut self, tier: crate::fleet::RedisTier<K, V>) -> Self {
+    pub fn shared_tier(mut self, tier: crate::fleet::RedisTier<K, V>) -> Self
+    where
+        K: Hash + Eq + Send + Sync + 'static,
+        V: Send + Sync + 'static,
+        S: BuildHasher + Send + Sync + 'static,
+    {
         self.shared = Some(tier);
+        self.listen = Some(Cache::listen_to_fleet);
         self
     }
 
@@ -457,6 +472,9 @@ impl<K, V, S> CacheBuilder<K, V, S> {
             clock: self.clock,
             #[cfg(feature = "redis")]
             shared: self.shared,
+            // Typed on the old hasher: `build` asks for the tier again.
+            #[cfg(feature = "redis")]
+            listen: None,
             hooks: self.hooks,
             hasher,
             _marker: PhantomData,
@@ -512,13 +530,25 @@ where
     /// [`BuildError`] naming the first setting that is missing or out of range.
     pub fn build(self) -> Result<Cache<K, V, S>, BuildError> {
         let settings = self.validate()?;
-        Cache::from_settings(
+        #[cfg(feature = "redis")]
+        if self.shared.is_some() && self.listen.is_none() {
+            return Err(BuildError::Invalid {
+                setting: "shared_tier",
+                reason: "must be given after the hasher",
+            });
+        }
+        let cache = Cache::from_settings(
             settings,
             self.hooks,
             #[cfg(feature = "redis")]
             self.shared,
             self.hasher,
-        )
+        )?;
+        #[cfg(feature = "redis")]
+        if let Some(listen) = self.listen {
+            listen(&cache);
+        }
+        Ok(cache)
     }
 
     pub(crate) fn validate(&self) -> Result<Settings, BuildError> {

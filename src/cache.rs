@@ -34,7 +34,7 @@ pub(crate) struct Inner<K, V, S> {
     pub(crate) table: Table<K, Entry<V>>,
     pub(crate) policy: Policy,
     /// Hashes keys into policy keys: seeded per cache, independent of the user's hasher.
-    pub(crate) pkeys: foldhash::fast::RandomState,
+    pub(crate) pkeys: foldhash::fast::FixedState,
     pub(crate) hooks: Hooks<K, V>,
     pub(crate) hasher: S,
     pub(crate) clock: TimeSource,
@@ -105,7 +105,15 @@ where
         #[cfg(feature = "redis")] shared: Option<crate::fleet::RedisTier<K, V>>,
         hasher: S,
     ) -> Result<Self, crate::BuildError> {
-        let pkeys = foldhash::fast::RandomState::default();
+        // Random, unless instances of a fleet must agree on them: the tier's channel names
+        // keys by their policy key.
+        #[cfg(feature = "redis")]
+        let fleet_seed = shared.as_ref().map(|t| t.pkey_seed());
+        #[cfg(not(feature = "redis"))]
+        let fleet_seed = None;
+        let pkeys = foldhash::fast::FixedState::with_seed(
+            fleet_seed.unwrap_or_else(|| foldhash::fast::RandomState::default().hash_one(0u64)),
+        );
         let seed = pkeys.hash_one(0x5eed_u64);
         let table = Table::try_with_capacity(settings.initial_capacity).ok_or(
             crate::BuildError::Invalid {
@@ -208,9 +216,7 @@ where
     /// An insert wins over a load of the same key in progress: the load's result still goes to
     /// its waiters but is not cached.
     pub fn insert(&self, key: K, value: V) {
-        let pinned = self.inner.domain.pin();
-        let expires_at = self.default_expiry();
-        self.insert_entry(key, value, expires_at, &pinned);
+        self.insert_for(key, value, self.inner.time_to_live);
     }
 
     /// Inserts `value` for `key` with its own time to live, overriding the cache's.
@@ -219,9 +225,26 @@ where
     /// past the clock's range (about 584 years of nanoseconds from the clock's origin) lasts
     /// until the clock's end. No finite `ttl` means "never expires".
     pub fn insert_with_ttl(&self, key: K, value: V, ttl: Duration) {
+        self.insert_for(key, value, Some(duration_to_nanos(ttl)));
+    }
+
+    /// An insert that lives `ttl` nanoseconds (`None`: forever); with a shared tier, written
+    /// there first.
+    fn insert_for(&self, key: K, value: V, ttl: Option<u64>) {
+        #[cfg(feature = "redis")]
+        let written = self.write_through(Some(&key), self.pkey(&key), Some((&value, ttl)));
+        #[cfg(feature = "redis")]
+        let ttl = match written.as_ref().and_then(|w| w.cap) {
+            Some(cap) => Some(ttl.map_or(cap, |t| t.min(cap))),
+            None => ttl,
+        };
         let pinned = self.inner.domain.pin();
-        let expires_at = expiry_after(self.now(), duration_to_nanos(ttl));
+        let expires_at = ttl.map_or(NEVER, |t| expiry_after(self.now(), t));
         self.insert_entry(key, value, expires_at, &pinned);
+        #[cfg(feature = "redis")]
+        if let Some(w) = written {
+            self.recheck_write(w);
+        }
     }
 
     /// Removes `key`'s entry. Returns whether it held a value that [`get`](Self::get) would
@@ -229,11 +252,17 @@ where
     ///
     /// A load of the key in progress is detached: its result still goes to its waiters but
     /// is not cached. ([`forget`](Self::forget) instead wakes the waiters to load afresh.)
+    ///
+    /// With a [shared tier](crate::CacheBuilder::shared_tier), the key is invalidated there
+    /// too, and every instance drops its copy (see the tier's
+    /// [coherence](crate::fleet::RedisTier#coherence)).
     pub fn invalidate<Q>(&self, key: &Q) -> bool
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
+        #[cfg(feature = "redis")]
+        self.write_through(None, self.pkey(key), None);
         let pinned = self.inner.domain.pin();
         let hash = self.inner.hasher.hash_one(key);
         match self
@@ -251,14 +280,26 @@ where
     }
 
     /// Removes every entry (detaching loads in progress). Entries inserted while this runs may
-    /// or may not survive it.
+    /// or may not survive it. With a [shared tier](crate::CacheBuilder::shared_tier), every
+    /// value in the tier (under its prefix) is invalidated too, and every instance clears its
+    /// copies.
     pub fn invalidate_all(&self) {
+        #[cfg(feature = "redis")]
+        self.invalidate_all_through();
+        self.clear_local();
+    }
+
+    /// Removes every local entry: how many held a live value.
+    pub(crate) fn clear_local(&self) -> u64 {
         let pinned = self.inner.domain.pin();
+        let mut live = 0;
         for node in self.inner.table.iter(&pinned.guard) {
             if self.inner.table.remove_node(node, &pinned.guard) {
+                live += u64::from(node.value.live_value(|| self.now()).is_some());
                 self.removed(node, RemovalCause::Invalidated, &pinned);
             }
         }
+        live
     }
 
     /// Entries held, including expired ones not yet removed and keys whose load is in

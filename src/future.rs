@@ -238,24 +238,27 @@ where
             match tier {
                 #[cfg(feature = "redis")]
                 Some(tier) => {
-                    let (ttl, refreshing) = lead.shared_plan();
                     let domain = &lead.cache.inner.domain;
                     let count = move |c| domain.pin().count(c);
-                    let fetched = pin!(tier.load_async(&lead.key, ttl, refreshing, &count, load));
+                    let fetched = pin!(tier.load_async(&lead.key, lead.shared_plan(), &count, load));
                     (OrDeadline {
                         inner: fetched,
                         sleep,
                     })
                     .await
-                    .map(|f| (f.result, f.ttl))
+                    .map(Settled::Shared)
                 }
                 #[cfg(not(feature = "redis"))]
                 Some(never) => match never {},
-                None => (OrDeadline { inner: load, sleep }).await.map(|r| (r, None)),
+                None => (OrDeadline { inner: load, sleep })
+                    .await
+                    .map(Settled::Local),
             }
         };
         match outcome {
-            Some((result, ttl)) => Self::conclude_at(lead, started, result, ttl),
+            Some(Settled::Local(result)) => Self::conclude(lead, started, result),
+            #[cfg(feature = "redis")]
+            Some(Settled::Shared(fetched)) => Self::conclude_shared(lead, started, fetched),
             None => lead.time_out(),
         }
     }
@@ -349,6 +352,13 @@ where
             }
         }
     }
+}
+
+/// A future leader's load as it ended: run locally, or through the shared tier.
+enum Settled<V, E> {
+    Local(Result<V, E>),
+    #[cfg(feature = "redis")]
+    Shared(crate::fleet::Fetched<V, E>),
 }
 
 /// What the future that wins a load does with it.

@@ -605,11 +605,12 @@ where
         let started = lead.cache.now();
         #[cfg(feature = "redis")]
         if let Some(tier) = &lead.cache.inner.shared {
-            let (ttl, refreshing) = lead.shared_plan();
             let domain = &lead.cache.inner.domain;
             let count = move |c| domain.pin().count(c);
-            let fetched = tier.load_sync(&lead.key, ttl, refreshing, &count, || loader(&lead.key));
-            return Self::conclude_at(lead, started, fetched.result, fetched.ttl);
+            let fetched = tier.load_sync(&lead.key, lead.shared_plan(), &count, || {
+                loader(&lead.key)
+            });
+            return Self::conclude_shared(lead, started, fetched);
         }
         let result = loader(&lead.key);
         Self::conclude(lead, started, result)
@@ -624,16 +625,33 @@ where
     where
         E: Send + Sync + 'static,
     {
-        Self::conclude_at(lead, started, result, None)
+        Self::conclude_at(lead, started, result, Keep::For(None))
     }
 
-    /// Like `conclude`, for a value that lives at most `ttl` more (one taken from the shared
-    /// tier: it expires here when it expires there).
+    /// Like `conclude`, for a load that went through the shared tier: then checks that no
+    /// other instance's write of the key was heard while it ran.
+    #[cfg(feature = "redis")]
+    pub(crate) fn conclude_shared<E>(
+        lead: Lead<K, V, S>,
+        started: u64,
+        fetched: crate::fleet::Fetched<V, E>,
+    ) -> Result<V, LoadError<E>>
+    where
+        E: Send + Sync + 'static,
+    {
+        let (cache, pkey) = (lead.cache.clone(), lead.pkey);
+        let r = Self::conclude_at(lead, started, fetched.result, fetched.keep);
+        cache.recheck(pkey, fetched.seen);
+        r
+    }
+
+    /// Like `conclude`, for a value the cache keeps as `keep` says (one taken from the shared
+    /// tier expires here when it expires there; one that raced a write elsewhere is not kept).
     pub(crate) fn conclude_at<E>(
         mut lead: Lead<K, V, S>,
         started: u64,
         result: Result<V, E>,
-        ttl: Option<Duration>,
+        keep: Keep,
     ) -> Result<V, LoadError<E>>
     where
         E: Send + Sync + 'static,
@@ -645,11 +663,16 @@ where
             Ok(value) => {
                 let delta =
                     crate::refresh::next_delta(previous_delta, finished.saturating_sub(started));
-                let expires_at = match ttl {
-                    Some(t) => cache
+                let expires_at = match keep {
+                    Keep::For(Some(t)) => cache
                         .default_expiry()
                         .min(expiry_after(finished, crate::clock::duration_to_nanos(t))),
-                    None => cache.default_expiry(),
+                    Keep::For(None) => cache.default_expiry(),
+                    Keep::No => {
+                        lead.remove_loading();
+                        lead.finish(FlightResult::Value(value.clone()));
+                        return Ok(value);
+                    }
                 };
                 let weight = cache.weight_of(&lead.key, &value);
                 let pkey = lead.pkey;
@@ -695,6 +718,16 @@ where
             }
         }
     }
+}
+
+/// What the local cache does with a load's value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Keep {
+    /// Cache it, for at most this long (`None`: the cache's own expiry).
+    For(Option<Duration>),
+    /// Give it to the load's waiters only: it raced a write made elsewhere.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    No,
 }
 
 /// One look at the key ([`Cache::step`]).
@@ -810,17 +843,20 @@ where
         }
     }
 
-    /// What the shared tier needs to know about this load: the TTL to write a loaded value
-    /// with, and for a refresh, how long the value being refreshed still lives.
+    /// What the shared tier needs to know about this load: the key's policy key, the TTL to
+    /// write a loaded value with, for a refresh how long the value being refreshed still
+    /// lives, and the load's deadline.
     #[cfg(feature = "redis")]
-    pub(crate) fn shared_plan(&self) -> (Option<Duration>, Option<Duration>) {
-        let ttl = self.cache.inner.time_to_live.map(Duration::from_nanos);
+    pub(crate) fn shared_plan(&self) -> crate::fleet::LoadPlan {
         let now = self.cache.now();
-        let refreshing = self
-            .flight
-            .serving(|| now)
-            .map(|_| Duration::from_nanos(self.flight.stale_valid_until().saturating_sub(now)));
-        (ttl, refreshing)
+        crate::fleet::LoadPlan {
+            pkey: self.pkey,
+            ttl: self.cache.inner.time_to_live.map(Duration::from_nanos),
+            refreshing: self.flight.serving(|| now).map(|_| {
+                Duration::from_nanos(self.flight.stale_valid_until().saturating_sub(now))
+            }),
+            deadline: self.flight.deadline(),
+        }
     }
 
     /// Removes our `Loading` entry if the slot still holds it.

@@ -47,9 +47,14 @@ pub(crate) enum Counter {
     SharedErrors,
     SharedCodecErrors,
     LoadTimeouts,
+    SharedWritesSent,
+    SharedWritesHeard,
+    SharedBroadcastLagMicros,
+    SharedStaleDropped,
+    SharedConflicts,
 }
 
-const COUNTERS: usize = Counter::LoadTimeouts as usize + 1;
+const COUNTERS: usize = Counter::SharedConflicts as usize + 1;
 
 /// A snapshot of a cache's counters, from [`Cache::stats`](crate::Cache::stats).
 /// `Serialize` with the `serde` feature.
@@ -109,6 +114,22 @@ pub struct Stats {
     pub shared_errors: u64,
     /// Values that failed to encode for, or decode from, the shared tier.
     pub shared_codec_errors: u64,
+    /// Writes (`invalidate`, `insert`, `invalidate_all`) this instance made through the shared
+    /// tier and announced to the others.
+    pub shared_writes_sent: u64,
+    /// Writes announced by other instances that this instance heard.
+    pub shared_writes_heard: u64,
+    /// The delays of those, summed, from the writer's call to this instance hearing it, in
+    /// microseconds (wall clocks: across machines, their skew is included). Divide by
+    /// `shared_writes_heard` for the mean.
+    pub shared_broadcast_lag_micros: u64,
+    /// Local copies dropped because another instance wrote their key, or because the link to
+    /// the shared tier's channel was lost.
+    pub shared_stale_dropped: u64,
+    /// Loads whose value the shared tier refused because their key was written or invalidated
+    /// while they ran (or they outlived their lease): their waiters got the value, no cache
+    /// kept it.
+    pub shared_conflicts: u64,
 }
 
 impl Stats {
@@ -155,6 +176,12 @@ impl CounterBlock {
     #[inline]
     pub(crate) fn bump_shared(&self, c: Counter) {
         self.counts[c as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Adds `n` from any thread.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn add_shared(&self, c: Counter, n: u64) {
+        self.counts[c as usize].fetch_add(n, Ordering::Relaxed);
     }
 
     /// Gives the block back for a later thread to claim. Release: the next owner's Acquire
@@ -299,6 +326,11 @@ impl CounterRegistry {
             refresh_failures: get(Counter::RefreshFailures),
             throttled: get(Counter::Throttled),
             load_timeouts: get(Counter::LoadTimeouts),
+            shared_writes_sent: get(Counter::SharedWritesSent),
+            shared_writes_heard: get(Counter::SharedWritesHeard),
+            shared_broadcast_lag_micros: get(Counter::SharedBroadcastLagMicros),
+            shared_stale_dropped: get(Counter::SharedStaleDropped),
+            shared_conflicts: get(Counter::SharedConflicts),
         }
     }
 }

@@ -1,14 +1,18 @@
-//! Fleet-wide coalescing (feature `redis`): a shared second tier in Redis and a soft lock with
-//! a lease, so that many instances of a service load a hot key about once, not once each.
+//! Fleet-wide coalescing and coherence (feature `redis`): a shared second tier in Redis, a
+//! soft lock with a lease so that many instances of a service load a hot key about once, not
+//! once each, and writes that reach every instance.
 //!
 //! Only the in-process leader of a load (the one caller that single flight elects) talks to
 //! Redis, so an instance makes at most one coordinated attempt per key per load. The lock is
 //! only an optimisation: every path out of it ends in a value, and no caller waits longer
-//! than its bound. See [`RedisTier`] for the protocol and the failure modes.
+//! than its bound. See [`RedisTier`] for the protocol, the coherence guarantee and the
+//! failure modes.
 
 mod codec;
+mod coherence;
 mod protocol;
 mod redis_store;
+mod writes;
 
 use std::fmt;
 use std::future::Future;
@@ -24,32 +28,72 @@ pub use codec::Json;
 pub use codec::{Codec, CodecError, Raw, Utf8};
 
 use crate::builder::BuildError;
+pub(crate) use crate::load::Keep;
 use crate::stats::Counter;
-use protocol::{Hooks, Outcome, Plan, StoreError};
-use redis_store::{AsyncStore, SyncStore};
+pub(crate) use coherence::{Coherence, Seen};
+use protocol::{Hooks, Keys, Outcome, Plan, StoreError};
+use redis_store::{AsyncStore, SyncStore, TierKeys};
 
 /// A Redis second tier with soft locks, shared by every instance that uses the same Redis
 /// and key prefix; give it to [`CacheBuilder::shared_tier`](crate::CacheBuilder::shared_tier).
 ///
 /// When an instance's leader loads a key, it:
-/// 1. reads the shared value (`GET` and `PTTL`); one found is the answer, cached locally until
-///    its Redis expiry, so instances expire together;
+/// 1. reads the shared value, its remaining TTL and the key's *stamp* (one Lua script); a
+///    value written under the current stamp is the answer, cached locally until its Redis
+///    expiry, so instances expire together;
 /// 2. else takes the lock, `SET <prefix>l:<key> <token> NX PX <lease>`; the winner reads the
 ///    value once more (the previous holder may have written it and released just before),
-///    and if there is still none loads from the source, writes the value with the cache's
-///    TTL, and deletes the lock only if it still holds its token (a Lua compare-and-delete),
-///    so a holder whose lease ran out never frees the next holder's lock;
+///    and if there is still none loads from the source, writes the value only if the key's
+///    stamp is still the one it read before loading (a Lua compare-and-set), and deletes the
+///    lock only if it still holds its token, so a holder whose lease ran out never frees the
+///    next holder's lock;
 /// 3. a loser re-reads the value (and retries the lock) with backoff from 2 ms to 50 ms, for
-///    at most [`wait_bound`](RedisTierBuilder::wait_bound), then loads from the source itself.
+///    at most [`wait_bound`](RedisTierBuilder::wait_bound) or until its own load deadline,
+///    then loads from the source itself.
 ///
 /// An early refresh goes through the same lock and takes a shared value only if it is newer
 /// than the one being refreshed, so a fleet refreshes a hot key about once per TTL.
 ///
+/// # Coherence
+/// **While Redis is up, no instance returns a value older than an `invalidate`, `insert` or
+/// `invalidate_all` made on any instance by more than the
+/// [`coherence_bound`](RedisTierBuilder::coherence_bound) (100 ms by default), and a load
+/// that raced such a write never puts its value in Redis or in any local cache.**
+///
+/// - Writes go through the tier. `invalidate(k)` moves the key's *generation* (drawn from a
+///   counter in Redis, in the same Lua script that announces it on the channel
+///   `<prefix>inv`), so every value written before is stale for every reader;
+///   `insert(k, v)` does the same and writes `v` under the new generation (with the cache's
+///   TTL); `invalidate_all()` moves the tier's *epoch*, which every value carries, so no
+///   `KEYS` or `SCAN` sweep is needed. A key's stamp is its generation and the epoch; the
+///   generation lives at `<prefix>g:<hash>` (a 64-bit hash of the key, the same for every
+///   borrowed form of it, so `invalidate(&str)` works on `String` keys).
+/// - A load in flight during such a write delivers its value to its own waiters, but the
+///   compare-and-set refuses it (counted in
+///   [`Stats::shared_conflicts`](crate::Stats::shared_conflicts)), and the instance does not
+///   cache it either. A holder whose load outlived its lease does not publish.
+/// - Every instance runs one subscriber thread on the channel and drops its local copy of a
+///   key another instance wrote, within the network's delay; a load of that key running on
+///   the instance at that moment drops what it installs.
+/// - The link is watched: when the channel is quiet for a quarter of the bound, the
+///   subscriber pings, and a link that does not answer within another quarter is lost. The
+///   instance then cannot know what it missed: it drops every local copy at once and, until
+///   it is subscribed again, keeps what it loads at most the bound.
+/// - No shared value lives forever: each is written with the cache's TTL, at most
+///   [`max_shared_ttl`](RedisTierBuilder::max_shared_ttl) (one hour by default), which is
+///   also the shared copy's lifetime for a cache without a TTL.
+///
+/// Instances must share the key type, its `Hash` and the herdcache version (the channel names
+/// keys by a hash of them); the keys' hashes are seeded from the prefix, not at random.
+///
 /// # Failure modes
 /// - **Lock held too long** (a slow holder): the others load on their own once their wait
-///   bound passes; the lease ends the lock anyway.
+///   bound (or their deadline) passes; the lease ends the lock anyway.
 /// - **Holder crashed** (killed mid-load): its lock lives one lease at most; a waiter takes it
 ///   over then (if its bound is longer than the lease) or loads at its bound.
+/// - **A cancelled or panicking holder** (its future dropped past its deadline, or its loader
+///   panicked): it releases its lock on the way out (best effort: a detached task for a
+///   future, a blocking call for a thread).
 /// - **Redis unreachable, slow or erroring**: an operation that fails or exceeds
 ///   [`op_timeout`](RedisTierBuilder::op_timeout) ends coordination for that load, which runs
 ///   locally (still single flight within the instance). The failure is counted in
@@ -57,10 +101,17 @@ use redis_store::{AsyncStore, SyncStore};
 ///   [`log_interval`](RedisTierBuilder::log_interval) (through the `log` crate), and Redis is
 ///   skipped for [`retry_after`](RedisTierBuilder::retry_after); then it is tried again, so a
 ///   restarted Redis is used again without restarting anything. It is never a load error.
+///   Meanwhile the link is down, so local copies live at most the bound. A write made while
+///   Redis cannot be reached changes only the local copy: other instances may serve the old
+///   shared value until it expires (at most `max_shared_ttl`).
+/// - **Redis restarted without persistence**: values, generations and epoch are gone
+///   together; the counters start again from Redis's clock, past every value handed out
+///   before, so no old stamp matches a new one.
 /// - **A value that does not decode** (say, written by another version): a miss, counted in
 ///   [`Stats::shared_codec_errors`](crate::Stats::shared_codec_errors); the lock's winner
 ///   overwrites it.
-/// - **A cancelled or panicking holder**: its lock is not released and lives out its lease.
+///
+/// Redis Cluster is not supported (the scripts touch keys of one prefix in several slots).
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -70,6 +121,7 @@ use redis_store::{AsyncStore, SyncStore};
 ///     .key_prefix("profiles:")
 ///     .lease(Duration::from_secs(2))
 ///     .wait_bound(Duration::from_millis(500))
+///     .coherence_bound(Duration::from_millis(50))
 ///     .build(|id: &u64| id.to_string(), Utf8)?;
 /// let cache: Cache<u64, String> = Cache::builder()
 ///     .max_capacity(10_000)
@@ -77,17 +129,25 @@ use redis_store::{AsyncStore, SyncStore};
 ///     .shared_tier(tier)
 ///     .build()?;
 /// let name = cache.get_or_load(&42, |id| Ok::<_, std::io::Error>(format!("user {id}")))?;
+/// // The source changed: every instance reads it afresh within 50 ms.
+/// cache.invalidate(&42);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct RedisTier<K, V> {
     sync: SyncStore,
     async_: AsyncStore,
+    client: redis::Client,
     key_name: Box<dyn Fn(&K) -> String + Send + Sync>,
     codec: Box<dyn Codec<V>>,
     prefix: String,
+    channel: String,
     lease: Duration,
     wait_bound: Duration,
+    max_shared_ttl: Duration,
+    op_timeout: Duration,
+    retry_after: Duration,
     health: Health,
+    coherence: Arc<Coherence>,
 }
 
 impl<K, V> fmt::Debug for RedisTier<K, V> {
@@ -96,6 +156,8 @@ impl<K, V> fmt::Debug for RedisTier<K, V> {
             .field("prefix", &self.prefix)
             .field("lease", &self.lease)
             .field("wait_bound", &self.wait_bound)
+            .field("max_shared_ttl", &self.max_shared_ttl)
+            .field("coherence_bound", &self.coherence.bound)
             .finish_non_exhaustive()
     }
 }
@@ -110,11 +172,13 @@ pub struct RedisTierBuilder {
     op_timeout: Duration,
     retry_after: Duration,
     log_interval: Duration,
+    max_shared_ttl: Duration,
+    coherence_bound: Duration,
 }
 
 impl RedisTier<(), ()> {
     /// Settings for a tier on the Redis at `url` (`redis://host:port/db`). Nothing connects
-    /// until the first load. (The key and value types come with
+    /// until the tier is given to a cache. (The key and value types come with
     /// [`build`](RedisTierBuilder::build).)
     pub fn builder(url: impl Into<String>) -> RedisTierBuilder {
         RedisTierBuilder {
@@ -125,12 +189,17 @@ impl RedisTier<(), ()> {
             op_timeout: Duration::from_millis(100),
             retry_after: Duration::from_secs(1),
             log_interval: Duration::from_secs(10),
+            max_shared_ttl: Duration::from_secs(3600),
+            coherence_bound: Duration::from_millis(100),
         }
     }
 }
 
 /// Longest lease, wait bound, timeout or interval accepted: one day.
 const MAX_SETTING: Duration = Duration::from_secs(86_400);
+
+/// Shortest coherence bound: the link is checked every quarter of it.
+const MIN_COHERENCE_BOUND: Duration = Duration::from_millis(10);
 
 fn check(setting: &'static str, d: Duration, zero_ok: bool) -> Result<(), BuildError> {
     if d.is_zero() && !zero_ok {
@@ -150,22 +219,35 @@ fn check(setting: &'static str, d: Duration, zero_ok: bool) -> Result<(), BuildE
 
 impl RedisTierBuilder {
     /// Prefix of every Redis key the tier uses (default `herdcache:`): values live at
-    /// `<prefix>v:<key>`, locks at `<prefix>l:<key>`. Instances share values only under the
-    /// same prefix.
+    /// `<prefix>v:<key>`, locks at `<prefix>l:<key>`, generations at `<prefix>g:<hash>`, the
+    /// epoch and the generation counter at `<prefix>epoch` and `<prefix>seq`, and writes are
+    /// announced on the channel `<prefix>inv`. Instances share values only under the same
+    /// prefix.
+    ///
+    /// ```
+    /// # use herdcache::fleet::{RedisTier, Utf8};
+    /// let tier = RedisTier::builder("redis://127.0.0.1/")
+    ///     .key_prefix("orders:v2:")
+    ///     .build(|id: &u64| id.to_string(), Utf8)?;
+    /// # let _: RedisTier<u64, String> = tier;
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
     }
 
     /// How long a lock lives unless its holder releases it (default 5 s): the most a crashed
-    /// holder can delay the fleet. Make it longer than a typical load. 1 ms to one day.
+    /// holder can delay the fleet. Make it longer than a typical load: a holder whose load
+    /// outlives its lease does not publish its value. 1 ms to one day.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
     }
 
     /// The longest an instance waits for another instance's load before loading itself
-    /// (default 1 s). Zero: never wait. At most one day.
+    /// (default 1 s; a load's own deadline cuts it shorter). Zero: never wait. At most one
+    /// day.
     pub fn wait_bound(mut self, bound: Duration) -> Self {
         self.wait_bound = bound;
         self
@@ -190,6 +272,43 @@ impl RedisTierBuilder {
         self
     }
 
+    /// The longest a value lives in Redis (default one hour): the TTL written is the cache's
+    /// TTL (or an insert's own), capped at this, and a cache without a TTL writes this one.
+    /// At most one day.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use herdcache::fleet::{RedisTier, Utf8};
+    /// // A cache without a TTL: the fleet consults the source at least every 10 minutes.
+    /// let tier = RedisTier::builder("redis://127.0.0.1/")
+    ///     .max_shared_ttl(Duration::from_secs(600))
+    ///     .build(|id: &u64| id.to_string(), Utf8)?;
+    /// # let _: RedisTier<u64, String> = tier;
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    pub fn max_shared_ttl(mut self, ttl: Duration) -> Self {
+        self.max_shared_ttl = ttl;
+        self
+    }
+
+    /// The most a read may lag behind a write made on another instance (default 100 ms; 10
+    /// ms to one day): the link to the channel is checked every quarter of it, and while it
+    /// is down a local copy lives at most this long. See [Coherence](RedisTier#coherence).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use herdcache::fleet::{RedisTier, Utf8};
+    /// let tier = RedisTier::builder("redis://127.0.0.1/")
+    ///     .coherence_bound(Duration::from_millis(20))
+    ///     .build(|id: &u64| id.to_string(), Utf8)?;
+    /// # let _: RedisTier<u64, String> = tier;
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    pub fn coherence_bound(mut self, bound: Duration) -> Self {
+        self.coherence_bound = bound;
+        self
+    }
+
     /// Checks the settings and builds the tier: `key_name` names a key in Redis (after the
     /// prefix), `codec` carries values across the wire.
     ///
@@ -205,25 +324,49 @@ impl RedisTierBuilder {
         check("op_timeout", self.op_timeout, false)?;
         check("retry_after", self.retry_after, false)?;
         check("log_interval", self.log_interval, true)?;
+        check("max_shared_ttl", self.max_shared_ttl, false)?;
+        check("coherence_bound", self.coherence_bound, false)?;
         if self.lease < Duration::from_millis(1) {
             return Err(BuildError::Invalid {
                 setting: "lease",
                 reason: "must be at least 1 ms (Redis leases are in milliseconds)",
             });
         }
+        if self.max_shared_ttl < Duration::from_millis(1) {
+            return Err(BuildError::Invalid {
+                setting: "max_shared_ttl",
+                reason: "must be at least 1 ms (Redis expiries are in milliseconds)",
+            });
+        }
+        if self.coherence_bound < MIN_COHERENCE_BOUND {
+            return Err(BuildError::Invalid {
+                setting: "coherence_bound",
+                reason: "must be at least 10 ms",
+            });
+        }
         let client = redis::Client::open(self.url.as_str()).map_err(|_| BuildError::Invalid {
             setting: "url",
             reason: "is not a valid Redis URL",
         })?;
+        let tier_keys = TierKeys {
+            epoch: format!("{}epoch", self.prefix),
+            sequence: format!("{}seq", self.prefix),
+        };
         Ok(RedisTier {
-            sync: SyncStore::new(client.clone(), self.op_timeout),
-            async_: AsyncStore::new(client, self.op_timeout),
+            sync: SyncStore::new(client.clone(), self.op_timeout, tier_keys.clone()),
+            async_: AsyncStore::new(client.clone(), self.op_timeout, tier_keys),
+            client,
             key_name: Box::new(key_name),
             codec: Box::new(codec),
+            channel: format!("{}inv", self.prefix),
             prefix: self.prefix,
             lease: self.lease,
             wait_bound: self.wait_bound,
+            max_shared_ttl: self.max_shared_ttl,
+            op_timeout: self.op_timeout,
+            retry_after: self.retry_after,
             health: Health::new(self.retry_after, self.log_interval),
+            coherence: Arc::new(Coherence::new(self.coherence_bound)),
         })
     }
 }
@@ -281,14 +424,17 @@ impl Health {
     }
 }
 
+/// A random 64-bit number (process id, a counter and the clock through a randomly seeded
+/// hasher): lock tokens and instance ids.
+pub(crate) fn random_u64() -> u64 {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    RandomState::new().hash_one((std::process::id(), seq, Instant::now()))
+}
+
 /// A random lock token: no two holders share one.
 fn token() -> String {
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    let s = RandomState::new();
-    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-    let a = s.hash_one((std::process::id(), seq));
-    let b = s.hash_one((seq, Instant::now()));
-    format!("{a:016x}{b:016x}")
+    format!("{:016x}{:016x}", random_u64(), random_u64())
 }
 
 /// The protocol's view of a tier and its cache: the codec and the cache's counters.
@@ -311,71 +457,134 @@ impl<V: 'static> Hooks<V> for TierHooks<'_, V> {
     }
 }
 
-/// A load that went through the tier: its result, and for a value taken from Redis, the time
-/// it has left there (the local entry expires with it).
+/// A load that went through the tier: its result, what the local cache keeps of it, and
+/// what the instance had heard when it began.
 pub(crate) struct Fetched<V, E> {
     pub(crate) result: Result<V, E>,
+    pub(crate) keep: Keep,
+    pub(crate) seen: Seen,
+}
+
+/// What the cache tells the tier about one load.
+pub(crate) struct LoadPlan {
+    /// The key's policy key (its hash, the same on every instance).
+    pub(crate) pkey: u64,
+    /// The TTL to write a loaded value with (the cache's).
     pub(crate) ttl: Option<Duration>,
+    /// For a refresh, how long the value being refreshed still lives.
+    pub(crate) refreshing: Option<Duration>,
+    /// The load's own deadline.
+    pub(crate) deadline: Option<Instant>,
+}
+
+/// The Redis names of one key.
+struct Names {
+    value: String,
+    lock: String,
+    generation: String,
+    token: String,
 }
 
 impl<K, V: 'static> RedisTier<K, V> {
-    fn plan<'a>(
-        &self,
-        keys: &'a (String, String, String),
-        ttl: Option<Duration>,
-        refreshing: Option<Duration>,
-    ) -> Plan<'a> {
-        Plan {
-            value_key: &keys.0,
-            lock_key: &keys.1,
-            token: &keys.2,
-            lease: self.lease,
-            wait_bound: self.wait_bound,
-            ttl,
-            refreshing,
+    /// The coherence state this tier's instance shares with its subscriber.
+    pub(crate) fn coherence(&self) -> &Arc<Coherence> {
+        &self.coherence
+    }
+
+    /// The seed of the cache's policy keys: the same on every instance of the tier's prefix,
+    /// so a key's hash names it on the channel.
+    pub(crate) fn pkey_seed(&self) -> u64 {
+        foldhash::fast::FixedState::with_seed(0x6865_7264_6361_6368).hash_one(&self.prefix)
+    }
+
+    /// The TTL a value is written to Redis with: its own (or the cache's), capped.
+    fn shared_ttl(&self, ttl: Option<Duration>) -> Duration {
+        ttl.map_or(self.max_shared_ttl, |t| t.min(self.max_shared_ttl))
+            .max(Duration::from_millis(1))
+    }
+
+    /// How long a key's generation outlives a value written under it: longer than any value
+    /// lives, and than any load that may still publish (a lease) on either side.
+    fn generation_ttl(&self) -> Duration {
+        self.max_shared_ttl + 2 * self.lease + Duration::from_secs(1)
+    }
+
+    fn generation_key(&self, pkey: u64) -> String {
+        format!("{}g:{pkey:016x}", self.prefix)
+    }
+
+    fn names(&self, key: &K, pkey: u64) -> Names {
+        let name = (self.key_name)(key);
+        Names {
+            value: format!("{}v:{name}", self.prefix),
+            lock: format!("{}l:{name}", self.prefix),
+            generation: self.generation_key(pkey),
+            token: token(),
         }
     }
 
-    fn keys(&self, key: &K) -> (String, String, String) {
-        let name = (self.key_name)(key);
-        (
-            format!("{}v:{name}", self.prefix),
-            format!("{}l:{name}", self.prefix),
-            token(),
-        )
+    fn plan<'a>(&self, names: &'a Names, load: &LoadPlan) -> Plan<'a> {
+        Plan {
+            keys: Keys {
+                value: &names.value,
+                lock: &names.lock,
+                generation: &names.generation,
+            },
+            token: &names.token,
+            lease: self.lease,
+            wait_bound: self.wait_bound,
+            deadline: load.deadline,
+            ttl: self.shared_ttl(load.ttl),
+            generation_ttl: self.generation_ttl(),
+            refreshing: load.refreshing,
+        }
     }
 
-    fn finish<E>(&self, out: Outcome<V, E>, count: &dyn Fn(Counter)) -> Fetched<V, E> {
-        match out {
-            Outcome::Shared(v, ttl) => Fetched { result: Ok(v), ttl },
-            Outcome::Loaded(result) => Fetched { result, ttl: None },
+    /// What the local cache keeps of a value that would live `ttl` (`None`: the cache's
+    /// expiry): while the link is down, at most the coherence bound.
+    fn keep(&self, ttl: Option<Duration>) -> Keep {
+        if self.coherence.link_up() {
+            Keep::For(ttl)
+        } else {
+            let bound = self.coherence.bound;
+            Keep::For(Some(ttl.map_or(bound, |t| t.min(bound))))
+        }
+    }
+
+    fn finish<E>(&self, out: Outcome<V, E>, seen: Seen, count: &dyn Fn(Counter)) -> Fetched<V, E> {
+        let (result, keep) = match out {
+            Outcome::Shared(v, ttl) => (Ok(v), self.keep(Some(ttl))),
+            Outcome::Loaded(result) => (result, self.keep(None)),
+            Outcome::Refused(result) => (result, Keep::No),
             Outcome::Failed(result, e) => {
                 count(Counter::SharedErrors);
                 self.health.failed(&e);
-                Fetched { result, ttl: None }
+                (result, self.keep(None))
             }
-        }
+        };
+        Fetched { result, keep, seen }
     }
 
-    /// The Redis keys and lock token for one coordinated load of `key`, or `None` while
-    /// Redis is being skipped after a failure.
-    fn begin(&self, key: &K) -> Option<(String, String, String)> {
-        (!self.health.is_down()).then(|| self.keys(key))
+    /// The Redis names for one coordinated load of `key`, or `None` while Redis is being
+    /// skipped after a failure.
+    fn begin(&self, key: &K, pkey: u64) -> Option<Names> {
+        (!self.health.is_down()).then(|| self.names(key, pkey))
     }
 
     /// A thread's coordinated load: `load` runs at most once, on this thread.
     pub(crate) fn load_sync<E>(
         &self,
         key: &K,
-        ttl: Option<Duration>,
-        refreshing: Option<Duration>,
+        load_plan: LoadPlan,
         count: &(dyn Fn(Counter) + Sync),
         load: impl FnOnce() -> Result<V, E>,
     ) -> Fetched<V, E> {
-        let Some(keys) = self.begin(key) else {
+        let seen = self.coherence.before_load(load_plan.pkey);
+        let Some(names) = self.begin(key, load_plan.pkey) else {
             return Fetched {
                 result: load(),
-                ttl: None,
+                keep: self.keep(None),
+                seen,
             };
         };
         let hooks = TierHooks {
@@ -385,37 +594,38 @@ impl<K, V: 'static> RedisTier<K, V> {
         let coordinated = protocol::coordinate(
             &self.sync,
             &hooks,
-            self.plan(&keys, ttl, refreshing),
+            self.plan(&names, &load_plan),
             async { load() },
         );
-        self.finish(block_on(coordinated), count)
+        self.finish(block_on(coordinated), seen, count)
     }
 
     /// A future's coordinated load: `load` is awaited at most once.
     pub(crate) async fn load_async<E, L>(
         &self,
         key: &K,
-        ttl: Option<Duration>,
-        refreshing: Option<Duration>,
+        load_plan: LoadPlan,
         count: &(dyn Fn(Counter) + Sync),
         load: L,
     ) -> Fetched<V, E>
     where
         L: Future<Output = Result<V, E>>,
     {
-        let Some(keys) = self.begin(key) else {
+        let seen = self.coherence.before_load(load_plan.pkey);
+        let Some(names) = self.begin(key, load_plan.pkey) else {
             return Fetched {
                 result: load.await,
-                ttl: None,
+                keep: self.keep(None),
+                seen,
             };
         };
         let hooks = TierHooks {
             codec: &*self.codec,
             count,
         };
-        let plan = self.plan(&keys, ttl, refreshing);
+        let plan = self.plan(&names, &load_plan);
         let out = protocol::coordinate(&self.async_, &hooks, plan, load).await;
-        self.finish(out, count)
+        self.finish(out, seen, count)
     }
 }
 

@@ -4,13 +4,18 @@
 //!
 //! Run only by the in-process leader of a load, so each instance talks to the store at most
 //! once per key per load:
-//! 1. Read the shared tier (value and remaining TTL). A value, or for a refresh a value newer
-//!    than the one being refreshed, is the answer.
+//! 1. Read the shared tier: the value, its remaining TTL, and the key's current [`Stamp`]. A
+//!    value written under the current stamp (and for a refresh, newer than the one being
+//!    refreshed) is the answer.
 //! 2. Else try the soft lock (`SET NX PX lease` with a random token). The winner reads the
-//!    tier again (a holder may have written and released since step 1), then loads, writes
-//!    the value with its TTL, and releases the lock only if it still holds it.
+//!    tier again (a holder may have written and released since step 1), then loads and
+//!    publishes the value only if the key's stamp is still the one it read before loading
+//!    (compare-and-set in the store), and releases the lock only if it still holds it. A
+//!    load that outlived its lease is not published either: the stamp it read may have been
+//!    invalidated and expired since.
 //! 3. A loser waits with backoff, re-reading the tier and retrying the lock (a holder that
-//!    crashed frees it after one lease), for at most the wait bound; then loads anyway.
+//!    crashed frees it after one lease), until its wait bound or its own deadline; then it
+//!    loads anyway, without publishing.
 //!
 //! The store can only ever make a load cheaper: every store error ends coordination for this
 //! load (counted, and the store is then skipped for a while by the caller), and the load runs
@@ -25,13 +30,48 @@ use crate::stats::Counter;
 #[derive(Debug)]
 pub(crate) struct StoreError(pub(crate) String);
 
-/// A value read from the shared tier, with its remaining time to live (`None`: no expiry).
-pub(crate) type Read = Option<(Vec<u8>, Option<Duration>)>;
+/// Which write of a key a shared value belongs to: the tier's epoch (moved by
+/// `invalidate_all`) and the key's generation (moved by `invalidate` and `insert`). A value is
+/// current only while both still match the store's; 0 stands for "not set", which no stored
+/// value ever carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Stamp {
+    pub(crate) epoch: u64,
+    pub(crate) generation: u64,
+}
+
+/// A stored value: the stamp it was written under, then the codec's bytes.
+pub(crate) fn split_stamped(bytes: &[u8]) -> Option<(Stamp, &[u8])> {
+    let mut parts = bytes.splitn(3, |&b| b == b':');
+    let mut number = || -> Option<u64> { std::str::from_utf8(parts.next()?).ok()?.parse().ok() };
+    let epoch = number()?;
+    let generation = number()?;
+    let rest = parts.next()?;
+    Some((Stamp { epoch, generation }, rest))
+}
+
+/// What one read of the tier saw.
+#[derive(Debug, Default)]
+pub(crate) struct Snapshot {
+    /// The stored bytes (stamp and payload) and their remaining time to live.
+    pub(crate) value: Option<(Vec<u8>, Duration)>,
+    /// The key's current stamp.
+    pub(crate) current: Stamp,
+}
+
+/// Where one key lives in the store.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Keys<'a> {
+    pub(crate) value: &'a str,
+    pub(crate) lock: &'a str,
+    pub(crate) generation: &'a str,
+}
 
 /// The shared tier and its soft locks.
 pub(crate) trait Store: Sync {
-    /// The value under `key` and its remaining time to live (`None`: no expiry).
-    fn read(&self, key: &str) -> impl Future<Output = Result<Read, StoreError>> + Send;
+    /// The value under `keys.value` with its remaining time to live, and the key's stamp,
+    /// read atomically.
+    fn read(&self, keys: Keys<'_>) -> impl Future<Output = Result<Snapshot, StoreError>> + Send;
     /// `SET lock token NX PX lease`: whether the lock is now ours.
     fn try_lock(
         &self,
@@ -39,32 +79,42 @@ pub(crate) trait Store: Sync {
         token: &str,
         lease: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-    /// Writes the value with its time to live (`None`: none).
-    fn write(
+    /// Writes `payload` under the key's stamp with time to live `ttl`, atomically and only if
+    /// the stamp is still `expected` (giving the key a generation if it had none, kept at
+    /// least `generation_ttl`): whether it wrote.
+    fn publish(
         &self,
-        key: &str,
-        value: Vec<u8>,
-        ttl: Option<Duration>,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+        keys: Keys<'_>,
+        expected: Stamp,
+        payload: Vec<u8>,
+        ttl: Duration,
+        generation_ttl: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
     /// Deletes the lock if it still holds `token` (atomically): whether it did.
     fn release(
         &self,
         lock: &str,
         token: &str,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    /// Releases the lock from a drop guard (a holder cancelled or unwinding): best effort,
+    /// and never blocking an async executor.
+    fn release_detached(&self, lock: &str, token: &str);
     /// Waits, between polls of a lock held elsewhere.
     fn sleep(&self, d: Duration) -> impl Future<Output = ()> + Send;
 }
 
 /// One coordinated load's parameters.
 pub(crate) struct Plan<'a> {
-    pub(crate) value_key: &'a str,
-    pub(crate) lock_key: &'a str,
+    pub(crate) keys: Keys<'a>,
     pub(crate) token: &'a str,
     pub(crate) lease: Duration,
     pub(crate) wait_bound: Duration,
-    /// The TTL written with a loaded value (the cache's TTL).
-    pub(crate) ttl: Option<Duration>,
+    /// The load's own deadline: waiting for another holder ends there too.
+    pub(crate) deadline: Option<Instant>,
+    /// The TTL written with a loaded value.
+    pub(crate) ttl: Duration,
+    /// The least time a key's generation outlives a value written under it.
+    pub(crate) generation_ttl: Duration,
     /// For a refresh: how long the value being refreshed still lives. Only a shared value
     /// that outlives it by more than [`NEWER_BY`] is taken as a newer one.
     pub(crate) refreshing: Option<Duration>,
@@ -81,10 +131,14 @@ const BACKOFF_MAX: Duration = Duration::from_millis(50);
 /// What coordination produced.
 pub(crate) enum Outcome<V, E> {
     /// The shared tier had the value: decoded, with its remaining TTL.
-    Shared(V, Option<Duration>),
+    Shared(V, Duration),
     /// This instance loaded (as the lock's holder, after a store error, or after waiting out
     /// the bound).
     Loaded(Result<V, E>),
+    /// This instance loaded as the lock's holder, but the key was written or invalidated
+    /// since it read the stamp (or the load outlived its lease): the value goes to this
+    /// load's waiters only, and is cached nowhere.
+    Refused(Result<V, E>),
     /// The store failed; the caller marks it down. The load still ran.
     Failed(Result<V, E>, StoreError),
 }
@@ -108,39 +162,52 @@ where
     L: Future<Output = Result<V, E>>,
 {
     let started = Instant::now();
+    let give_up = match plan.deadline {
+        Some(d) => d.min(started + plan.wait_bound),
+        None => started + plan.wait_bound,
+    };
     let mut backoff = BACKOFF_FIRST;
     let mut waited = false;
     loop {
         // 1. The shared tier.
         match shared(store, hooks, &plan, true).await {
-            Ok(Some((v, ttl))) => return Outcome::Shared(v, ttl),
-            Ok(None) => {}
+            Ok(Answer::Value(v, ttl)) => return Outcome::Shared(v, ttl),
+            Ok(Answer::Miss(_)) => {}
             Err(e) => return Outcome::Failed(load.await, e),
         }
         // 2. The soft lock.
-        match store.try_lock(plan.lock_key, plan.token, plan.lease).await {
+        match store.try_lock(plan.keys.lock, plan.token, plan.lease).await {
             Ok(true) => {
+                let held = LockGuard {
+                    store,
+                    plan: &plan,
+                    armed: true,
+                };
                 // A holder may have written its value and released between our read and
                 // our lock: Redis runs commands one at a time, so a read after our lock sees
                 // any value written before the release that let us take it.
+                let read_at = Instant::now();
                 return match shared(store, hooks, &plan, false).await {
-                    Ok(Some((v, ttl))) => {
-                        let _ = store.release(plan.lock_key, plan.token).await;
+                    Ok(Answer::Value(v, ttl)) => {
+                        let _ = held.release().await;
                         Outcome::Shared(v, ttl)
                     }
-                    Ok(None) => hold(store, hooks, &plan, load).await,
-                    Err(e) => Outcome::Failed(load.await, e),
+                    Ok(Answer::Miss(stamp)) => hold(held, hooks, stamp, read_at, load).await,
+                    Err(e) => {
+                        held.disarm();
+                        Outcome::Failed(load.await, e)
+                    }
                 };
             }
             Ok(false) => {}
             Err(e) => return Outcome::Failed(load.await, e),
         }
-        // 3. Held elsewhere: wait, within the bound.
+        // 3. Held elsewhere: wait, within the bound and the load's own deadline.
         if !waited {
             waited = true;
             hooks.count(Counter::SharedLockWaits);
         }
-        let left = plan.wait_bound.saturating_sub(started.elapsed());
+        let left = give_up.saturating_duration_since(Instant::now());
         if left.is_zero() {
             hooks.count(Counter::SharedWaitTimeouts);
             return Outcome::Loaded(load.await);
@@ -150,90 +217,157 @@ where
     }
 }
 
-/// The shared tier's value if it answers this load (decoded, and for a refresh newer than
-/// the value being refreshed), counted as a shared hit. An undecodable value is a miss,
+/// What a read of the tier means for this load.
+enum Answer<V> {
+    /// A current value (newer than the one being refreshed), with its remaining TTL.
+    Value(V, Duration),
+    /// No usable value; the key's stamp as read.
+    Miss(Stamp),
+}
+
+/// Reads the tier: a value written under the key's current stamp answers the load (counted
+/// as a shared hit), unless it is a refresh's own write. An undecodable value is a miss,
 /// counted if `count_codec_errors` (once per load: not again on the re-read after the lock).
 async fn shared<St: Store, V>(
     store: &St,
     hooks: &impl Hooks<V>,
     plan: &Plan<'_>,
     count_codec_errors: bool,
-) -> Result<Option<(V, Option<Duration>)>, StoreError> {
-    let Some((bytes, ttl)) = store.read(plan.value_key).await? else {
-        return Ok(None);
+) -> Result<Answer<V>, StoreError> {
+    let snapshot = store.read(plan.keys).await?;
+    let current = snapshot.current;
+    let Some((bytes, ttl)) = snapshot.value else {
+        return Ok(Answer::Miss(current));
+    };
+    let payload = match split_stamped(&bytes) {
+        // Written before the last invalidation, insert or invalidate_all: gone.
+        Some((stamp, _)) if stamp != current => return Ok(Answer::Miss(current)),
+        Some((_, payload)) => Some(payload),
+        None => None,
     };
     if !is_newer(ttl, plan.refreshing) {
-        return Ok(None);
+        return Ok(Answer::Miss(current));
     }
-    match hooks.decode(&bytes) {
+    match payload.and_then(|p| hooks.decode(p)) {
         Some(v) => {
             hooks.count(Counter::SharedHits);
-            Ok(Some((v, ttl)))
+            Ok(Answer::Value(v, ttl))
         }
         // Treated as a miss: the lock's winner overwrites it.
         None => {
             if count_codec_errors {
                 hooks.count(Counter::SharedCodecErrors);
             }
-            Ok(None)
+            Ok(Answer::Miss(current))
         }
     }
 }
 
 /// Whether a shared value with `ttl` left answers this load.
-fn is_newer(ttl: Option<Duration>, refreshing: Option<Duration>) -> bool {
-    match (refreshing, ttl) {
-        (None, _) => true,
-        // A value that never expires is newer than one being refreshed only if it is not
-        // the same write: without a TTL there is no telling, so refresh.
-        (Some(_), None) => false,
-        (Some(left), Some(ttl)) => ttl > left + NEWER_BY,
+fn is_newer(ttl: Duration, refreshing: Option<Duration>) -> bool {
+    match refreshing {
+        None => true,
+        Some(left) => ttl > left + NEWER_BY,
     }
 }
 
-/// Loads as the lock's holder, publishes, and releases.
+/// The soft lock while this load holds it: released on every path out, including a holder
+/// cancelled mid-load (its future dropped) or unwinding from a panicking loader.
+struct LockGuard<'a, St: Store> {
+    store: &'a St,
+    plan: &'a Plan<'a>,
+    armed: bool,
+}
+
+impl<St: Store> LockGuard<'_, St> {
+    /// Releases the lock: whether the store answered.
+    async fn release(mut self) -> Result<bool, StoreError> {
+        self.armed = false;
+        self.store.release(self.plan.keys.lock, self.plan.token).await
+    }
+
+    /// The store failed: leave the lock to its lease rather than call it again.
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl<St: Store> Drop for LockGuard<'_, St> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.store
+                .release_detached(self.plan.keys.lock, self.plan.token);
+        }
+    }
+}
+
+/// Loads as the lock's holder, publishes if the key's stamp is still `stamp` (read at
+/// `read_at`), and releases.
 async fn hold<St, V, E, L>(
-    store: &St,
+    held: LockGuard<'_, St>,
     hooks: &impl Hooks<V>,
-    plan: &Plan<'_>,
+    stamp: Stamp,
+    read_at: Instant,
     load: L,
 ) -> Outcome<V, E>
 where
     St: Store,
     L: Future<Output = Result<V, E>>,
 {
+    let (store, plan) = (held.store, held.plan);
     hooks.count(Counter::SharedLoads);
     let result = load.await;
+    let mut refused = false;
     if let Ok(v) = &result {
-        match hooks.encode(v) {
-            Some(bytes) => {
-                if let Err(e) = store.write(plan.value_key, bytes, plan.ttl).await {
-                    return Outcome::Failed(result, e);
+        // Past its lease the stamp read may have been moved and expired again (generations
+        // outlive a lease, not more), so the compare-and-set could not tell.
+        if read_at.elapsed() >= plan.lease {
+            refused = true;
+        } else {
+            match hooks.encode(v) {
+                Some(bytes) => {
+                    match store
+                        .publish(plan.keys, stamp, bytes, plan.ttl, plan.generation_ttl)
+                        .await
+                    {
+                        Ok(written) => refused = !written,
+                        Err(e) => {
+                            held.disarm();
+                            return Outcome::Failed(result, e);
+                        }
+                    }
                 }
+                None => hooks.count(Counter::SharedCodecErrors),
             }
-            None => hooks.count(Counter::SharedCodecErrors),
+        }
+        if refused {
+            hooks.count(Counter::SharedConflicts);
         }
     }
     // After an error too, so that the others load at once rather than after the lease.
-    match store.release(plan.lock_key, plan.token).await {
+    match held.release().await {
+        Ok(_) if refused => Outcome::Refused(result),
         Ok(_) => Outcome::Loaded(result),
         Err(e) => Outcome::Failed(result, e),
     }
 }
 
 #[cfg(test)]
-mod tests {
-    //! The protocol against an in-memory store with a scripted clock-free lock.
+pub(crate) mod tests {
+    //! The protocol against an in-memory store with the Redis scripts' semantics.
     use super::*;
     use std::collections::HashMap;
     use std::sync::Mutex;
 
-    /// Stored bytes and time to live, by key.
+    /// Stored bytes and time to live, by key ("v" the value, "l" the lock, "g" the
+    /// generation).
     type Map = HashMap<String, (Vec<u8>, Option<Duration>)>;
 
     #[derive(Default)]
-    struct Memory {
+    pub(crate) struct Memory {
         map: Mutex<Map>,
+        epoch: Mutex<u64>,
+        sequence: Mutex<u64>,
         fail: Mutex<bool>,
         /// Values to appear in the tier after this many sleeps.
         appear_after_sleeps: Mutex<Option<(usize, Vec<u8>)>>,
@@ -251,12 +385,60 @@ mod tests {
             store
         }
 
-        /// Stores `bytes` under `key` (a value, or a lock's token), as another instance would.
+        /// Stores raw `bytes` under `key`, as another instance would.
         fn put(&self, key: &str, bytes: &[u8], ttl: Option<Duration>) {
             self.map
                 .lock()
                 .unwrap()
                 .insert(key.into(), (bytes.to_vec(), ttl));
+        }
+
+        fn stamp(&self, map: &Map) -> Stamp {
+            let generation = map
+                .get("g")
+                .map_or(0, |(g, _)| std::str::from_utf8(g).unwrap().parse().unwrap());
+            Stamp {
+                epoch: *self.epoch.lock().unwrap(),
+                generation,
+            }
+        }
+
+        fn next_generation(&self, map: &mut Map) -> u64 {
+            let mut s = self.sequence.lock().unwrap();
+            *s += 1;
+            map.insert("g".into(), (s.to_string().into_bytes(), None));
+            *s
+        }
+
+        fn stamped(&self, map: &mut Map, payload: &[u8]) -> Vec<u8> {
+            if self.stamp(map).generation == 0 {
+                self.next_generation(map);
+            }
+            let s = self.stamp(map);
+            let mut bytes = format!("{}:{}:", s.epoch, s.generation).into_bytes();
+            bytes.extend_from_slice(payload);
+            bytes
+        }
+
+        /// Another instance's write of `payload` under the key's current stamp.
+        pub(crate) fn write_current(&self, payload: &[u8], ttl: Duration) {
+            let mut m = self.map.lock().unwrap();
+            let bytes = self.stamped(&mut m, payload);
+            m.insert("v".into(), (bytes, Some(ttl)));
+        }
+
+        /// An invalidation of the key (its generation moves; the stale bytes stay).
+        pub(crate) fn invalidate(&self) {
+            let mut m = self.map.lock().unwrap();
+            self.next_generation(&mut m);
+        }
+
+        /// The payload stored under the current stamp, if any.
+        pub(crate) fn current(&self) -> Option<Vec<u8>> {
+            let m = self.map.lock().unwrap();
+            let (bytes, _) = m.get("v")?;
+            let (stamp, payload) = split_stamped(bytes)?;
+            (stamp == self.stamp(&m)).then(|| payload.to_vec())
         }
 
         fn check(&self, op: &str) -> Result<(), StoreError> {
@@ -270,32 +452,45 @@ mod tests {
     }
 
     impl Store for Memory {
-        async fn read(&self, key: &str) -> Result<Option<(Vec<u8>, Option<Duration>)>, StoreError> {
+        async fn read(&self, _: Keys<'_>) -> Result<Snapshot, StoreError> {
             self.check("read")?;
-            Ok(self.map.lock().unwrap().get(key).cloned())
+            let m = self.map.lock().unwrap();
+            Ok(Snapshot {
+                value: m
+                    .get("v")
+                    .map(|(b, t)| (b.clone(), t.unwrap_or(Duration::from_secs(9)))),
+                current: self.stamp(&m),
+            })
         }
         async fn try_lock(&self, lock: &str, token: &str, _: Duration) -> Result<bool, StoreError> {
             self.check("lock")?;
-            let mut m = self.map.lock().unwrap();
             if let Some(v) = self.finish_before_lock.lock().unwrap().take() {
-                m.insert("v".into(), (v, Some(Duration::from_secs(9))));
-                m.remove(lock);
+                self.write_current(&v, Duration::from_secs(9));
+                self.map.lock().unwrap().remove(lock);
             }
+            let mut m = self.map.lock().unwrap();
             if m.contains_key(lock) {
                 return Ok(false);
             }
             m.insert(lock.into(), (token.as_bytes().to_vec(), None));
             Ok(true)
         }
-        async fn write(
+        async fn publish(
             &self,
-            key: &str,
-            value: Vec<u8>,
-            ttl: Option<Duration>,
-        ) -> Result<(), StoreError> {
-            self.check("write")?;
-            self.map.lock().unwrap().insert(key.into(), (value, ttl));
-            Ok(())
+            _: Keys<'_>,
+            expected: Stamp,
+            payload: Vec<u8>,
+            ttl: Duration,
+            _: Duration,
+        ) -> Result<bool, StoreError> {
+            self.check("publish")?;
+            let mut m = self.map.lock().unwrap();
+            if self.stamp(&m) != expected {
+                return Ok(false);
+            }
+            let bytes = self.stamped(&mut m, &payload);
+            m.insert("v".into(), (bytes, Some(ttl)));
+            Ok(true)
         }
         async fn release(&self, lock: &str, token: &str) -> Result<bool, StoreError> {
             self.check("release")?;
@@ -306,6 +501,13 @@ mod tests {
             }
             Ok(ours)
         }
+        fn release_detached(&self, lock: &str, token: &str) {
+            self.log.lock().unwrap().push("release_detached".into());
+            let mut m = self.map.lock().unwrap();
+            if m.get(lock).is_some_and(|(t, _)| t == token.as_bytes()) {
+                m.remove(lock);
+            }
+        }
         async fn sleep(&self, _: Duration) {
             self.log.lock().unwrap().push("sleep".into());
             let mut n = self.sleeps.lock().unwrap();
@@ -315,10 +517,7 @@ mod tests {
                 if *n >= *after {
                     let v = v.clone();
                     *appear = None;
-                    self.map
-                        .lock()
-                        .unwrap()
-                        .insert("v".into(), (v, Some(Duration::from_secs(9))));
+                    self.write_current(&v, Duration::from_secs(9));
                 }
             }
         }
@@ -339,14 +538,21 @@ mod tests {
         }
     }
 
+    const KEYS: Keys<'static> = Keys {
+        value: "v",
+        lock: "l",
+        generation: "g",
+    };
+
     fn plan(refreshing: Option<Duration>) -> Plan<'static> {
         Plan {
-            value_key: "v",
-            lock_key: "l",
+            keys: KEYS,
             token: "me",
-            lease: Duration::from_secs(1),
+            lease: Duration::from_secs(3600),
             wait_bound: Duration::from_secs(3600),
-            ttl: Some(Duration::from_secs(10)),
+            deadline: None,
+            ttl: Duration::from_secs(10),
+            generation_ttl: Duration::from_secs(7200),
             refreshing,
         }
     }
@@ -359,6 +565,7 @@ mod tests {
         match o {
             Outcome::Loaded(r) => r,
             Outcome::Shared(..) => panic!("expected a load, got a shared value"),
+            Outcome::Refused(r) => panic!("expected a published load, got a refused {r:?}"),
             Outcome::Failed(_, e) => panic!("expected a load, got {e:?}"),
         }
     }
@@ -366,32 +573,30 @@ mod tests {
     #[test]
     fn a_shared_value_answers_without_loading() {
         let store = Memory::default();
-        store.put("v", b"7", None);
+        store.write_current(b"7", Duration::from_secs(5));
         let hooks = Counts::default();
         let out = run(coordinate(&store, &hooks, plan(None), async {
             unreachable!("no load when the tier has the value")
         }));
-        assert!(matches!(out, Outcome::<u64, ()>::Shared(7, None)));
+        assert!(matches!(out, Outcome::<u64, ()>::Shared(7, _)));
         assert_eq!(*hooks.0.lock().unwrap(), [Counter::SharedHits]);
     }
 
     #[test]
-    fn the_lock_holder_loads_writes_with_the_ttl_and_releases() {
+    fn the_lock_holder_loads_publishes_with_the_ttl_and_releases() {
         let store = Memory::default();
         let hooks = Counts::default();
         let out = run(coordinate(&store, &hooks, plan(None), async {
             Ok::<_, ()>(5)
         }));
         assert_eq!(loaded(out), Ok(5));
+        assert_eq!(store.current().as_deref(), Some(&b"5"[..]));
         let map = store.map.lock().unwrap();
-        assert_eq!(
-            map.get("v"),
-            Some(&(b"5".to_vec(), Some(Duration::from_secs(10))))
-        );
+        assert_eq!(map["v"].1, Some(Duration::from_secs(10)));
         assert!(!map.contains_key("l"), "released");
         assert_eq!(
             *store.log.lock().unwrap(),
-            ["read", "lock", "read", "write", "release"]
+            ["read", "lock", "read", "publish", "release"]
         );
     }
 
@@ -457,6 +662,20 @@ mod tests {
     }
 
     #[test]
+    fn a_loser_waits_no_longer_than_its_own_deadline() {
+        let store = Memory::locked_elsewhere();
+        let hooks = Counts::default();
+        // A long wait bound, but the load's deadline has come.
+        let p = Plan {
+            deadline: Some(Instant::now()),
+            ..plan(None)
+        };
+        let out = run(coordinate(&store, &hooks, p, async { Ok::<_, ()>(4) }));
+        assert_eq!(loaded(out), Ok(4));
+        assert_eq!(*store.sleeps.lock().unwrap(), 0, "no wait at all");
+    }
+
+    #[test]
     fn a_store_error_still_loads() {
         let store = Memory::default();
         *store.fail.lock().unwrap() = true;
@@ -468,19 +687,26 @@ mod tests {
 
     #[test]
     fn an_undecodable_value_is_a_counted_miss() {
-        let store = Memory::default();
-        store.put("v", b"garbage", None);
-        let hooks = Counts::default();
-        let out = run(coordinate(&store, &hooks, plan(None), async {
-            Ok::<_, ()>(2)
-        }));
-        assert_eq!(loaded(out), Ok(2));
-        assert!(hooks
-            .0
-            .lock()
-            .unwrap()
-            .contains(&Counter::SharedCodecErrors));
-        assert_eq!(store.map.lock().unwrap()["v"].0, b"2", "overwritten");
+        for garbage in [&b"garbage"[..], b"1:1:garbage"] {
+            let store = Memory::default();
+            store.write_current(b"", Duration::from_secs(9)); // gives the key a generation
+            store.put("v", garbage, None);
+            if garbage.starts_with(b"1:") {
+                store.map.lock().unwrap().insert("g".into(), (b"1".to_vec(), None));
+                *store.epoch.lock().unwrap() = 1;
+            }
+            let hooks = Counts::default();
+            let out = run(coordinate(&store, &hooks, plan(None), async {
+                Ok::<_, ()>(2)
+            }));
+            assert_eq!(loaded(out), Ok(2));
+            assert!(hooks
+                .0
+                .lock()
+                .unwrap()
+                .contains(&Counter::SharedCodecErrors));
+            assert_eq!(store.current().as_deref(), Some(&b"2"[..]), "overwritten");
+        }
     }
 
     #[test]
@@ -488,7 +714,7 @@ mod tests {
         let store = Memory::default();
         let left = Duration::from_secs(2);
         // The same write the instance already holds (it expires at about the same time).
-        store.put("v", b"1", Some(left));
+        store.write_current(b"1", left);
         let out = run(coordinate(
             &store,
             &Counts::default(),
@@ -508,5 +734,63 @@ mod tests {
             async { unreachable!("the newer shared value answers") },
         ));
         assert!(matches!(out, Outcome::<u64, ()>::Shared(2, _)));
+    }
+
+    #[test]
+    fn a_value_written_before_an_invalidation_is_never_served() {
+        let store = Memory::default();
+        store.write_current(b"1", Duration::from_secs(9));
+        store.invalidate();
+        let out = run(coordinate(&store, &Counts::default(), plan(None), async {
+            Ok::<_, ()>(2)
+        }));
+        assert_eq!(loaded(out), Ok(2), "the invalidated bytes were not taken");
+        assert_eq!(store.current().as_deref(), Some(&b"2"[..]));
+    }
+
+    #[test]
+    fn a_load_raced_by_an_invalidation_reaches_its_waiters_but_is_never_published() {
+        let store = Memory::default();
+        let hooks = Counts::default();
+        let out = run(coordinate(&store, &hooks, plan(None), async {
+            // The source changes and another instance invalidates while we load.
+            store.invalidate();
+            Ok::<_, ()>(1)
+        }));
+        assert!(matches!(out, Outcome::Refused(Ok(1))));
+        assert_eq!(store.current(), None, "the old value was not put back");
+        assert!(!store.map.lock().unwrap().contains_key("l"), "released");
+        assert!(hooks.0.lock().unwrap().contains(&Counter::SharedConflicts));
+    }
+
+    #[test]
+    fn a_load_that_outlived_its_lease_is_not_published() {
+        let store = Memory::default();
+        let p = Plan {
+            lease: Duration::from_millis(1),
+            ..plan(None)
+        };
+        let out = run(coordinate(&store, &Counts::default(), p, async {
+            std::thread::sleep(Duration::from_millis(5));
+            Ok::<_, ()>(1)
+        }));
+        assert!(matches!(out, Outcome::Refused(Ok(1))));
+        assert_eq!(store.current(), None);
+    }
+
+    #[test]
+    fn a_cancelled_holder_releases_its_lock() {
+        let store = Memory::default();
+        let hooks = Counts::default();
+        {
+            let fut = coordinate(&store, &hooks, plan(None), std::future::pending::<Result<u64, ()>>());
+            let mut fut = std::pin::pin!(fut);
+            let waker = std::task::Waker::noop();
+            let mut cx = std::task::Context::from_waker(waker);
+            assert!(fut.as_mut().poll(&mut cx).is_pending());
+            assert!(store.map.lock().unwrap().contains_key("l"), "holding the lock");
+        } // the holder's future is dropped mid-load
+        assert!(!store.map.lock().unwrap().contains_key("l"), "released on drop");
+        assert!(store.log.lock().unwrap().contains(&"release_detached".to_owned()));
     }
 }

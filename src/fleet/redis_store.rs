@@ -5,13 +5,90 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, Cmd, Connection, FromRedisValue, Pipeline};
+use redis::{AsyncConnectionConfig, Client, Cmd, Connection, FromRedisValue};
 
-use super::protocol::{Read, Store, StoreError};
+use super::protocol::{Keys, Snapshot, Stamp, Store, StoreError};
+
+/// The tier-wide keys: the epoch `invalidate_all` moves, and the sequence every generation
+/// is drawn from.
+#[derive(Debug, Clone)]
+pub(crate) struct TierKeys {
+    pub(crate) epoch: String,
+    pub(crate) sequence: String,
+}
 
 /// Compare-and-delete: frees the lock only for the holder of its token.
 const RELEASE: &str =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
+
+/// A counter that never repeats a value, even if Redis lost it (restarted without persistence,
+/// or evicted it): a missing counter starts again from the server's clock in microseconds,
+/// past every value it handed out before. Digits are kept as strings (Lua's numbers are
+/// doubles, and print large ones in exponent form).
+const FRESH: &str = "
+local function fresh(key)
+  if redis.call('EXISTS', key) == 0 then
+    local t = redis.call('TIME')
+    redis.call('SET', key, t[1] .. string.format('%06d', tonumber(t[2])))
+  end
+  redis.call('INCR', key)
+  return redis.call('GET', key)
+end
+local function current(key)
+  local v = redis.call('GET', key)
+  if v then return v end
+  return '0'
+end
+";
+
+/// KEYS: value, generation, epoch. The value, its PTTL, and the key's stamp.
+const READ: &str = "
+local v = redis.call('GET', KEYS[1])
+local t = redis.call('PTTL', KEYS[1])
+return {v, t, redis.call('GET', KEYS[2]), redis.call('GET', KEYS[3])}
+";
+
+/// KEYS: value, generation, epoch, sequence. ARGV: expected generation and epoch ('0': none),
+/// payload, TTL (ms), generation TTL (ms). Writes `epoch:generation:payload` only if the stamp
+/// is still the expected one; a key without a generation gets one, and a generation outlives
+/// every value written under it.
+const PUBLISH: &str = "
+local g = current(KEYS[2])
+local e = current(KEYS[3])
+if g ~= ARGV[1] or e ~= ARGV[2] then return 0 end
+if e == '0' then e = fresh(KEYS[3]) end
+if g == '0' then
+  g = fresh(KEYS[4])
+  redis.call('SET', KEYS[2], g, 'PX', ARGV[5])
+elseif redis.call('PTTL', KEYS[2]) < tonumber(ARGV[5]) then
+  redis.call('PEXPIRE', KEYS[2], ARGV[5])
+end
+redis.call('SET', KEYS[1], e .. ':' .. g .. ':' .. ARGV[3], 'PX', ARGV[4])
+return 1
+";
+
+/// KEYS: generation, sequence, epoch, then the value to write, if any. ARGV: generation TTL
+/// (ms), channel, message, then payload and TTL (ms) if writing. Moves the key's generation
+/// (so every value written before is stale, and every load in flight is refused), writes the
+/// new value under it, and tells the other instances.
+const WRITE: &str = "
+local g = fresh(KEYS[2])
+redis.call('SET', KEYS[1], g, 'PX', ARGV[1])
+if KEYS[4] then
+  local e = current(KEYS[3])
+  if e == '0' then e = fresh(KEYS[3]) end
+  redis.call('SET', KEYS[4], e .. ':' .. g .. ':' .. ARGV[4], 'PX', ARGV[5])
+end
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1
+";
+
+/// KEYS: epoch. ARGV: channel, message. Every value written before is stale.
+const INVALIDATE_ALL: &str = "
+fresh(KEYS[1])
+redis.call('PUBLISH', ARGV[1], ARGV[2])
+return 1
+";
 
 /// Most idle blocking connections kept for reuse.
 const POOL: usize = 16;
@@ -20,35 +97,96 @@ fn err(e: impl std::fmt::Display) -> StoreError {
     StoreError(e.to_string())
 }
 
-fn get_with_ttl(key: &str) -> Pipeline {
-    let mut p = redis::pipe();
-    p.get(key).cmd("PTTL").arg(key);
-    p
+fn script(body: &str) -> Cmd {
+    let mut c = redis::cmd("EVAL");
+    c.arg(format!("{FRESH}{body}"));
+    c
 }
 
-/// `PTTL`'s reply: milliseconds left, -1 for no expiry, -2 for no key.
-fn read_reply(reply: (Option<Vec<u8>>, i64)) -> Read {
-    let (value, pttl) = reply;
-    let ttl = u64::try_from(pttl).ok().map(Duration::from_millis);
-    value.map(|v| (v, ttl))
+fn read_cmd(keys: Keys<'_>, tier: &TierKeys) -> Cmd {
+    let mut c = script(READ);
+    c.arg(3).arg(keys.value).arg(keys.generation).arg(&tier.epoch);
+    c
+}
+
+/// `READ`'s reply: the value, `PTTL` (milliseconds left, negative for no expiry or no key),
+/// and the stamp (nil parts are 0).
+type ReadReply = (Option<Vec<u8>>, i64, Option<u64>, Option<u64>);
+
+fn snapshot(reply: ReadReply) -> Snapshot {
+    let (value, pttl, generation, epoch) = reply;
+    // Every value the tier writes has an expiry; one without (written by hand) counts as
+    // expiring now, which a refresh never takes and a miss does.
+    let ttl = Duration::from_millis(u64::try_from(pttl).unwrap_or(0));
+    Snapshot {
+        value: value.map(|v| (v, ttl)),
+        current: Stamp {
+            epoch: epoch.unwrap_or(0),
+            generation: generation.unwrap_or(0),
+        },
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    d.as_millis().clamp(1, u64::MAX as u128) as u64
+}
+
+fn publish_cmd(
+    keys: Keys<'_>,
+    tier: &TierKeys,
+    expected: Stamp,
+    payload: Vec<u8>,
+    ttl: Duration,
+    generation_ttl: Duration,
+) -> Cmd {
+    let mut c = script(PUBLISH);
+    c.arg(4)
+        .arg(keys.value)
+        .arg(keys.generation)
+        .arg(&tier.epoch)
+        .arg(&tier.sequence)
+        .arg(expected.generation.to_string())
+        .arg(expected.epoch.to_string())
+        .arg(payload)
+        .arg(millis(ttl))
+        .arg(millis(generation_ttl));
+    c
+}
+
+/// A write through the tier: an invalidation (no value), or an insert.
+pub(crate) struct Write<'a> {
+    pub(crate) generation_key: &'a str,
+    pub(crate) generation_ttl: Duration,
+    pub(crate) value: Option<(&'a str, Vec<u8>, Duration)>,
+    pub(crate) channel: &'a str,
+    pub(crate) message: &'a str,
+}
+
+fn write_cmd(w: Write<'_>, tier: &TierKeys) -> Cmd {
+    let mut c = script(WRITE);
+    c.arg(if w.value.is_some() { 4 } else { 3 })
+        .arg(w.generation_key)
+        .arg(&tier.sequence)
+        .arg(&tier.epoch);
+    if let Some((key, _, _)) = &w.value {
+        c.arg(*key);
+    }
+    c.arg(millis(w.generation_ttl)).arg(w.channel).arg(w.message);
+    if let Some((_, payload, ttl)) = w.value {
+        c.arg(payload).arg(millis(ttl));
+    }
+    c
+}
+
+fn invalidate_all_cmd(tier: &TierKeys, channel: &str, message: &str) -> Cmd {
+    let mut c = script(INVALIDATE_ALL);
+    c.arg(1).arg(&tier.epoch).arg(channel).arg(message);
+    c
 }
 
 fn lock_cmd(lock: &str, token: &str, lease: Duration) -> Cmd {
     let mut c = redis::cmd("SET");
-    c.arg(lock)
-        .arg(token)
-        .arg("NX")
-        .arg("PX")
-        .arg(lease.as_millis().max(1) as u64);
-    c
-}
-
-fn write_cmd(key: &str, value: Vec<u8>, ttl: Option<Duration>) -> Cmd {
-    let mut c = redis::cmd("SET");
-    c.arg(key).arg(value);
-    if let Some(t) = ttl {
-        c.arg("PX").arg(t.as_millis().max(1) as u64);
-    }
+    c.arg(lock).arg(token).arg("NX").arg("PX").arg(millis(lease));
     c
 }
 
@@ -62,14 +200,16 @@ fn release_cmd(lock: &str, token: &str) -> Cmd {
 pub(crate) struct SyncStore {
     client: Client,
     timeout: Duration,
+    tier: TierKeys,
     idle: Mutex<Vec<Connection>>,
 }
 
 impl SyncStore {
-    pub(crate) fn new(client: Client, timeout: Duration) -> Self {
+    pub(crate) fn new(client: Client, timeout: Duration, tier: TierKeys) -> Self {
         SyncStore {
             client,
             timeout,
+            tier,
             idle: Mutex::new(Vec::new()),
         }
     }
@@ -104,12 +244,23 @@ impl SyncStore {
     fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, StoreError> {
         self.with(|c| cmd.query(c))
     }
+
+    /// An invalidation or an insert, with its broadcast.
+    pub(crate) fn write(&self, w: Write<'_>) -> Result<(), StoreError> {
+        self.query::<i64>(&write_cmd(w, &self.tier)).map(drop)
+    }
+
+    /// Makes every value written so far stale, with its broadcast.
+    pub(crate) fn invalidate_all(&self, channel: &str, message: &str) -> Result<(), StoreError> {
+        self.query::<i64>(&invalidate_all_cmd(&self.tier, channel, message))
+            .map(drop)
+    }
 }
 
 impl Store for SyncStore {
-    async fn read(&self, key: &str) -> Result<Read, StoreError> {
-        let p = get_with_ttl(key);
-        self.with(|c| p.query(c)).map(read_reply)
+    async fn read(&self, keys: Keys<'_>) -> Result<Snapshot, StoreError> {
+        self.query::<ReadReply>(&read_cmd(keys, &self.tier))
+            .map(snapshot)
     }
 
     async fn try_lock(&self, lock: &str, token: &str, lease: Duration) -> Result<bool, StoreError> {
@@ -117,17 +268,25 @@ impl Store for SyncStore {
             .map(|r| r.is_some())
     }
 
-    async fn write(
+    async fn publish(
         &self,
-        key: &str,
-        value: Vec<u8>,
-        ttl: Option<Duration>,
-    ) -> Result<(), StoreError> {
-        self.query::<()>(&write_cmd(key, value, ttl))
+        keys: Keys<'_>,
+        expected: Stamp,
+        payload: Vec<u8>,
+        ttl: Duration,
+        generation_ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let cmd = publish_cmd(keys, &self.tier, expected, payload, ttl, generation_ttl);
+        self.query::<i64>(&cmd).map(|n| n == 1)
     }
 
     async fn release(&self, lock: &str, token: &str) -> Result<bool, StoreError> {
         self.query::<i64>(&release_cmd(lock, token)).map(|n| n == 1)
+    }
+
+    fn release_detached(&self, lock: &str, token: &str) {
+        // A thread's holder is only ever dropped while unwinding: blocking is fine.
+        let _ = self.query::<i64>(&release_cmd(lock, token));
     }
 
     async fn sleep(&self, d: Duration) {
@@ -139,14 +298,16 @@ impl Store for SyncStore {
 pub(crate) struct AsyncStore {
     client: Client,
     timeout: Duration,
+    tier: TierKeys,
     conn: Mutex<Option<MultiplexedConnection>>,
 }
 
 impl AsyncStore {
-    pub(crate) fn new(client: Client, timeout: Duration) -> Self {
+    pub(crate) fn new(client: Client, timeout: Duration, tier: TierKeys) -> Self {
         AsyncStore {
             client,
             timeout,
+            tier,
             conn: Mutex::new(None),
         }
     }
@@ -171,13 +332,10 @@ impl AsyncStore {
         Ok(c)
     }
 
-    /// Runs one request; a failure drops the cached connection.
-    async fn run<T, F>(&self, f: impl FnOnce(MultiplexedConnection) -> F) -> Result<T, StoreError>
-    where
-        F: std::future::Future<Output = redis::RedisResult<T>>,
-    {
-        let c = self.connection().await?;
-        let r = match tokio::time::timeout(self.timeout, f(c)).await {
+    /// Runs one command; a failure drops the cached connection.
+    async fn query<T: FromRedisValue + Send>(&self, cmd: Cmd) -> Result<T, StoreError> {
+        let mut c = self.connection().await?;
+        let r = match tokio::time::timeout(self.timeout, cmd.query_async::<T>(&mut c)).await {
             Ok(Ok(v)) => return Ok(v),
             Ok(Err(e)) => err(e),
             Err(e) => err(e),
@@ -188,36 +346,50 @@ impl AsyncStore {
 }
 
 impl Store for AsyncStore {
-    async fn read(&self, key: &str) -> Result<Read, StoreError> {
-        let p = get_with_ttl(key);
-        self.run(|mut c| async move { p.query_async(&mut c).await })
+    async fn read(&self, keys: Keys<'_>) -> Result<Snapshot, StoreError> {
+        self.query::<ReadReply>(read_cmd(keys, &self.tier))
             .await
-            .map(read_reply)
+            .map(snapshot)
     }
 
     async fn try_lock(&self, lock: &str, token: &str, lease: Duration) -> Result<bool, StoreError> {
-        let cmd = lock_cmd(lock, token, lease);
-        self.run(|mut c| async move { cmd.query_async::<Option<String>>(&mut c).await })
+        self.query::<Option<String>>(lock_cmd(lock, token, lease))
             .await
             .map(|r| r.is_some())
     }
 
-    async fn write(
+    async fn publish(
         &self,
-        key: &str,
-        value: Vec<u8>,
-        ttl: Option<Duration>,
-    ) -> Result<(), StoreError> {
-        let cmd = write_cmd(key, value, ttl);
-        self.run(|mut c| async move { cmd.query_async::<()>(&mut c).await })
-            .await
+        keys: Keys<'_>,
+        expected: Stamp,
+        payload: Vec<u8>,
+        ttl: Duration,
+        generation_ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let cmd = publish_cmd(keys, &self.tier, expected, payload, ttl, generation_ttl);
+        self.query::<i64>(cmd).await.map(|n| n == 1)
     }
 
     async fn release(&self, lock: &str, token: &str) -> Result<bool, StoreError> {
-        let cmd = release_cmd(lock, token);
-        self.run(|mut c| async move { cmd.query_async::<i64>(&mut c).await })
+        self.query::<i64>(release_cmd(lock, token))
             .await
             .map(|n| n == 1)
+    }
+
+    fn release_detached(&self, lock: &str, token: &str) {
+        // A cancelled holder: the release runs as a task of its own on the runtime that was
+        // running the holder, on the shared connection if there is one.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let Some(mut conn) = conn else {
+            return; // no connection: the lease ends the lock
+        };
+        let (cmd, timeout) = (release_cmd(lock, token), self.timeout);
+        runtime.spawn(async move {
+            let _ = tokio::time::timeout(timeout, cmd.query_async::<i64>(&mut conn)).await;
+        });
     }
 
     async fn sleep(&self, d: Duration) {

@@ -64,6 +64,10 @@ pub(crate) trait EvictionPolicy: Send {
     );
     /// The table no longer holds write `version` of the key, nor any older one.
     fn remove(&mut self, pkey: u64, version: u64);
+    /// The table hash of the tracked key with policy key `pkey`: how an entry known only by
+    /// its policy key is found (the shared tier's broadcasts).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    fn hash_of(&self, pkey: u64) -> Option<u64>;
 }
 
 /// The cache's policy and its lock, with a scratch list of victims reused across writes (an

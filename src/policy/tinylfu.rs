@@ -635,6 +635,10 @@ impl EvictionPolicy for Core {
             }
         }
     }
+
+    fn hash_of(&self, pkey: u64) -> Option<u64> {
+        self.index.get(&pkey).map(|&i| self.nodes[i as usize].hash)
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,279 @@
+//! Keeping an instance's local copies coherent with the shared tier.
+//!
+//! Every write through the tier (an invalidation, an insert, `invalidate_all`) is published on
+//! the tier's channel in the same atomic step that moves the key's generation. Each instance
+//! runs one subscriber thread that hears the other instances' writes and drops the local copy
+//! each one made stale. Three races are closed here:
+//! - a load of a key that runs while a write of it is heard: the load records the key's slot
+//!   before reading the tier, installs, then looks again; if a write of a key in that slot
+//!   was heard meanwhile it drops what it installed (the handler, for its part, bumps the slot
+//!   before it drops, so one of the two always sees the other);
+//! - a link that dies silently: the subscriber pings when the channel is quiet, and a link
+//!   that does not answer within half the bound is lost;
+//! - writes missed while the link was down: when it is lost every local copy is dropped, and
+//!   until it is back a copy is kept at most the bound.
+
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::Client;
+
+/// Slots of heard writes, by policy key: a write heard for one key makes the loads of the
+/// keys sharing its slot drop what they install (an extra miss, never a stale read).
+const SLOTS: usize = 4096;
+
+/// What an instance heard on the tier's channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Heard {
+    /// Another instance invalidated or wrote the key with this policy key.
+    Key(u64),
+    /// Another instance called `invalidate_all`.
+    All,
+    /// The link to the channel was lost: what was missed cannot be known.
+    LinkLost,
+    /// Nothing for a while (the link answered a ping).
+    Quiet,
+}
+
+/// One instance's view of the tier's channel, shared by its loads and its subscriber.
+#[derive(Debug)]
+pub(crate) struct Coherence {
+    /// This instance's id in its messages, so it skips its own.
+    instance: u64,
+    pub(crate) bound: Duration,
+    heard: Box<[AtomicU64]>,
+    /// Odd while the link is down (the initial state: not yet subscribed); moves at every
+    /// change, so a load that ran across a loss sees it.
+    link: AtomicU64,
+}
+
+/// What a load saw before reading the tier ([`Coherence::before_load`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Seen {
+    slot: usize,
+    heard: u64,
+    link: u64,
+}
+
+fn micros_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+impl Coherence {
+    pub(crate) fn new(bound: Duration) -> Self {
+        Coherence {
+            instance: super::random_u64(),
+            bound,
+            heard: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            link: AtomicU64::new(1),
+        }
+    }
+
+    fn slot(pkey: u64) -> usize {
+        (pkey as usize) % SLOTS
+    }
+
+    /// Whether the link is up: what this instance installs now will hear of later writes.
+    pub(crate) fn link_up(&self) -> bool {
+        self.link.load(Ordering::SeqCst) % 2 == 0
+    }
+
+    /// The link changed (`up`: subscribed; else lost).
+    pub(crate) fn set_link(&self, up: bool) {
+        let is_up = self.link_up();
+        if is_up != up {
+            self.link.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Recorded by a load before it reads the tier.
+    pub(crate) fn before_load(&self, pkey: u64) -> Seen {
+        let slot = Self::slot(pkey);
+        Seen {
+            slot,
+            heard: self.heard[slot].load(Ordering::SeqCst),
+            link: self.link.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Checked by a load after it installed: whether a write of a key in its slot was heard,
+    /// or the link changed, since [`before_load`](Self::before_load). If so, the load drops
+    /// what it installed.
+    pub(crate) fn changed_since(&self, seen: Seen) -> bool {
+        // Pairs with the fence in `heard_key`: either this load reads the bump, or the
+        // handler's removal (after its bump) finds the entry installed before this fence.
+        fence(Ordering::SeqCst);
+        self.heard[seen.slot].load(Ordering::SeqCst) != seen.heard
+            || self.link.load(Ordering::SeqCst) != seen.link
+    }
+
+    /// A write of the key was heard: bump its slot, before dropping the local copy.
+    pub(crate) fn heard_key(&self, pkey: u64) {
+        self.heard[Self::slot(pkey)].fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+    }
+
+    /// Every slot moves (an `invalidate_all` heard).
+    pub(crate) fn heard_all(&self) {
+        for h in self.heard.iter() {
+            h.fetch_add(1, Ordering::SeqCst);
+        }
+        fence(Ordering::SeqCst);
+    }
+
+    /// The message announcing a write of the key with policy key `pkey` (`None`: all keys).
+    pub(crate) fn message(&self, pkey: Option<u64>) -> String {
+        let (instance, sent) = (self.instance, micros_now());
+        match pkey {
+            Some(p) => format!("{instance:016x} {sent} k {p:016x}"),
+            None => format!("{instance:016x} {sent} a"),
+        }
+    }
+
+    /// What a message says, with its delay since it was sent; `None` for this instance's own
+    /// messages and for anything malformed.
+    pub(crate) fn parse(&self, msg: &str) -> Option<(Heard, Duration)> {
+        let mut words = msg.split(' ');
+        let instance = u64::from_str_radix(words.next()?, 16).ok()?;
+        if instance == self.instance {
+            return None;
+        }
+        let sent: u64 = words.next()?.parse().ok()?;
+        let lag = Duration::from_micros(micros_now().saturating_sub(sent));
+        let heard = match (words.next()?, words.next()) {
+            ("k", Some(p)) => Heard::Key(u64::from_str_radix(p, 16).ok()?),
+            ("a", None) => Heard::All,
+            _ => return None,
+        };
+        Some((heard, lag))
+    }
+}
+
+/// How the subscriber reaches the cache: `false` once the cache is gone (the thread ends).
+pub(crate) type OnHeard = Box<dyn Fn(Heard, Duration) -> bool + Send>;
+
+/// Runs the subscriber of `channel` on a thread of its own until `on_heard` says the cache is
+/// gone.
+pub(crate) fn subscribe(
+    client: Client,
+    channel: String,
+    coherence: Arc<Coherence>,
+    op_timeout: Duration,
+    retry_after: Duration,
+    on_heard: OnHeard,
+) {
+    let spawned = std::thread::Builder::new()
+        .name("herdcache-fleet".into())
+        .spawn(move || {
+            let link = Link {
+                client,
+                channel,
+                coherence,
+                op_timeout,
+                on_heard,
+            };
+            while link.listen() {
+                std::thread::sleep(retry_after.min(link.coherence.bound));
+            }
+        });
+    if spawned.is_err() {
+        // No thread: the link stays down, so every local copy lives at most the bound.
+        log::warn!("herdcache: no thread for the fleet's channel; local copies live at most the coherence bound");
+    }
+}
+
+struct Link {
+    client: Client,
+    channel: String,
+    coherence: Arc<Coherence>,
+    op_timeout: Duration,
+    on_heard: OnHeard,
+}
+
+impl Link {
+    /// One connection's life: subscribes, hands over what it hears, and returns when the link
+    /// is lost (`true`: try again) or the cache is gone (`false`).
+    fn listen(&self) -> bool {
+        let quiet = self.coherence.bound / 4;
+        let subscribed = (|| {
+            let conn = self.client.get_connection_with_timeout(self.op_timeout)?;
+            conn.set_read_timeout(Some(quiet.max(Duration::from_millis(1))))?;
+            conn.set_write_timeout(Some(self.op_timeout))?;
+            Ok::<_, redis::RedisError>(conn)
+        })();
+        let Ok(mut conn) = subscribed else {
+            return (self.on_heard)(Heard::LinkLost, Duration::ZERO);
+        };
+        let mut pubsub = conn.as_pubsub();
+        if pubsub.subscribe(&self.channel).is_err() {
+            return (self.on_heard)(Heard::LinkLost, Duration::ZERO);
+        }
+        self.coherence.set_link(true);
+        let alive = loop {
+            match pubsub.get_message() {
+                Ok(msg) => {
+                    let Ok(text) = msg.get_payload::<String>() else {
+                        continue;
+                    };
+                    if let Some((heard, lag)) = self.coherence.parse(&text) {
+                        if !(self.on_heard)(heard, lag) {
+                            break false;
+                        }
+                    }
+                }
+                // Quiet for a quarter of the bound: the link must answer a ping within
+                // another quarter, or it is lost.
+                Err(e) if e.is_timeout() => {
+                    if pubsub.ping::<redis::Value>().is_err() {
+                        break true;
+                    }
+                    if !(self.on_heard)(Heard::Quiet, Duration::ZERO) {
+                        break false;
+                    }
+                }
+                Err(_) => break true,
+            }
+        };
+        self.coherence.set_link(false);
+        alive && (self.on_heard)(Heard::LinkLost, Duration::ZERO)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_instance_skips_its_own_messages_and_reads_the_others() {
+        let (a, b) = (Coherence::new(Duration::from_millis(100)), Coherence::new(Duration::from_millis(100)));
+        let msg = a.message(Some(0xabc));
+        assert_eq!(a.parse(&msg), None);
+        assert_eq!(b.parse(&msg).map(|(h, _)| h), Some(Heard::Key(0xabc)));
+        assert_eq!(b.parse(&a.message(None)).map(|(h, _)| h), Some(Heard::All));
+        for garbage in ["", "zz 1 k 1", "01 x k 1", "01 1 q", "01 1 k", "01 1 a extra"] {
+            assert_eq!(b.parse(garbage), None, "{garbage:?}");
+        }
+    }
+
+    #[test]
+    fn a_load_sees_a_write_heard_while_it_ran_and_a_link_change() {
+        let c = Coherence::new(Duration::from_millis(100));
+        c.set_link(true);
+        let seen = c.before_load(7);
+        assert!(!c.changed_since(seen));
+        c.heard_key(7 + SLOTS as u64 * 3); // same slot
+        assert!(c.changed_since(seen));
+        let seen = c.before_load(7);
+        c.heard_key(8);
+        assert!(!c.changed_since(seen), "another slot");
+        c.set_link(false);
+        assert!(c.changed_since(seen));
+        assert!(!c.link_up());
+        let seen = c.before_load(7);
+        c.heard_all();
+        assert!(c.changed_since(seen));
+    }
+}
