@@ -64,6 +64,10 @@ impl fmt::Display for BuildError {
 
 impl std::error::Error for BuildError {}
 
+/// Starts a cache's shared-tier subscriber.
+#[cfg(feature = "redis")]
+type StartListener<K, V, S> = fn(&Cache<K, V, S>);
+
 /// Builds a [`Cache`]; every setting is checked by [`build`](Self::build), so a bad one
 /// is an error there, never a panic later.
 ///
@@ -96,7 +100,7 @@ pub struct CacheBuilder<K, V, S = DefaultHashBuilder> {
     /// Starts the tier's subscriber once the cache exists (set by `shared_tier`, where the
     /// bounds it needs are known).
     #[cfg(feature = "redis")]
-    listen: Option<fn(&Cache<K, V, S>)>,
+    listen: Option<StartListener<K, V, S>>,
     pub(crate) hooks: crate::removal::Hooks<K, V>,
     pub(crate) hasher: S,
     _marker: PhantomData<fn(K, V)>,

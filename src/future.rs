@@ -240,7 +240,8 @@ where
                 Some(tier) => {
                     let domain = &lead.cache.inner.domain;
                     let count = move |c| domain.pin().count(c);
-                    let fetched = pin!(tier.load_async(&lead.key, lead.shared_plan(), &count, load));
+                    let fetched =
+                        pin!(tier.load_async(&lead.key, lead.shared_plan(), &count, load));
                     (OrDeadline {
                         inner: fetched,
                         sleep,

@@ -607,9 +607,8 @@ where
         if let Some(tier) = &lead.cache.inner.shared {
             let domain = &lead.cache.inner.domain;
             let count = move |c| domain.pin().count(c);
-            let fetched = tier.load_sync(&lead.key, lead.shared_plan(), &count, || {
-                loader(&lead.key)
-            });
+            let fetched =
+                tier.load_sync(&lead.key, lead.shared_plan(), &count, || loader(&lead.key));
             return Self::conclude_shared(lead, started, fetched);
         }
         let result = loader(&lead.key);
@@ -852,9 +851,10 @@ where
         crate::fleet::LoadPlan {
             pkey: self.pkey,
             ttl: self.cache.inner.time_to_live.map(Duration::from_nanos),
-            refreshing: self.flight.serving(|| now).map(|_| {
-                Duration::from_nanos(self.flight.stale_valid_until().saturating_sub(now))
-            }),
+            refreshing: self
+                .flight
+                .serving(|| now)
+                .map(|_| Duration::from_nanos(self.flight.stale_valid_until().saturating_sub(now))),
             deadline: self.flight.deadline(),
         }
     }

@@ -248,12 +248,22 @@ mod tests {
 
     #[test]
     fn an_instance_skips_its_own_messages_and_reads_the_others() {
-        let (a, b) = (Coherence::new(Duration::from_millis(100)), Coherence::new(Duration::from_millis(100)));
+        let (a, b) = (
+            Coherence::new(Duration::from_millis(100)),
+            Coherence::new(Duration::from_millis(100)),
+        );
         let msg = a.message(Some(0xabc));
         assert_eq!(a.parse(&msg), None);
         assert_eq!(b.parse(&msg).map(|(h, _)| h), Some(Heard::Key(0xabc)));
         assert_eq!(b.parse(&a.message(None)).map(|(h, _)| h), Some(Heard::All));
-        for garbage in ["", "zz 1 k 1", "01 x k 1", "01 1 q", "01 1 k", "01 1 a extra"] {
+        for garbage in [
+            "",
+            "zz 1 k 1",
+            "01 x k 1",
+            "01 1 q",
+            "01 1 k",
+            "01 1 a extra",
+        ] {
             assert_eq!(b.parse(garbage), None, "{garbage:?}");
         }
     }

@@ -591,12 +591,10 @@ impl<K, V: 'static> RedisTier<K, V> {
             codec: &*self.codec,
             count,
         };
-        let coordinated = protocol::coordinate(
-            &self.sync,
-            &hooks,
-            self.plan(&names, &load_plan),
-            async { load() },
-        );
+        let coordinated =
+            protocol::coordinate(&self.sync, &hooks, self.plan(&names, &load_plan), async {
+                load()
+            });
         self.finish(block_on(coordinated), seen, count)
     }
 

@@ -283,7 +283,9 @@ impl<St: Store> LockGuard<'_, St> {
     /// Releases the lock: whether the store answered.
     async fn release(mut self) -> Result<bool, StoreError> {
         self.armed = false;
-        self.store.release(self.plan.keys.lock, self.plan.token).await
+        self.store
+            .release(self.plan.keys.lock, self.plan.token)
+            .await
     }
 
     /// The store failed: leave the lock to its lease rather than call it again.
@@ -692,7 +694,11 @@ pub(crate) mod tests {
             store.write_current(b"", Duration::from_secs(9)); // gives the key a generation
             store.put("v", garbage, None);
             if garbage.starts_with(b"1:") {
-                store.map.lock().unwrap().insert("g".into(), (b"1".to_vec(), None));
+                store
+                    .map
+                    .lock()
+                    .unwrap()
+                    .insert("g".into(), (b"1".to_vec(), None));
                 *store.epoch.lock().unwrap() = 1;
             }
             let hooks = Counts::default();
@@ -783,14 +789,29 @@ pub(crate) mod tests {
         let store = Memory::default();
         let hooks = Counts::default();
         {
-            let fut = coordinate(&store, &hooks, plan(None), std::future::pending::<Result<u64, ()>>());
+            let fut = coordinate(
+                &store,
+                &hooks,
+                plan(None),
+                std::future::pending::<Result<u64, ()>>(),
+            );
             let mut fut = std::pin::pin!(fut);
             let waker = std::task::Waker::noop();
             let mut cx = std::task::Context::from_waker(waker);
             assert!(fut.as_mut().poll(&mut cx).is_pending());
-            assert!(store.map.lock().unwrap().contains_key("l"), "holding the lock");
+            assert!(
+                store.map.lock().unwrap().contains_key("l"),
+                "holding the lock"
+            );
         } // the holder's future is dropped mid-load
-        assert!(!store.map.lock().unwrap().contains_key("l"), "released on drop");
-        assert!(store.log.lock().unwrap().contains(&"release_detached".to_owned()));
+        assert!(
+            !store.map.lock().unwrap().contains_key("l"),
+            "released on drop"
+        );
+        assert!(store
+            .log
+            .lock()
+            .unwrap()
+            .contains(&"release_detached".to_owned()));
     }
 }

@@ -105,7 +105,10 @@ fn script(body: &str) -> Cmd {
 
 fn read_cmd(keys: Keys<'_>, tier: &TierKeys) -> Cmd {
     let mut c = script(READ);
-    c.arg(3).arg(keys.value).arg(keys.generation).arg(&tier.epoch);
+    c.arg(3)
+        .arg(keys.value)
+        .arg(keys.generation)
+        .arg(&tier.epoch);
     c
 }
 
@@ -171,7 +174,9 @@ fn write_cmd(w: Write<'_>, tier: &TierKeys) -> Cmd {
     if let Some((key, _, _)) = &w.value {
         c.arg(*key);
     }
-    c.arg(millis(w.generation_ttl)).arg(w.channel).arg(w.message);
+    c.arg(millis(w.generation_ttl))
+        .arg(w.channel)
+        .arg(w.message);
     if let Some((_, payload, ttl)) = w.value {
         c.arg(payload).arg(millis(ttl));
     }
@@ -186,7 +191,11 @@ fn invalidate_all_cmd(tier: &TierKeys, channel: &str, message: &str) -> Cmd {
 
 fn lock_cmd(lock: &str, token: &str, lease: Duration) -> Cmd {
     let mut c = redis::cmd("SET");
-    c.arg(lock).arg(token).arg("NX").arg("PX").arg(millis(lease));
+    c.arg(lock)
+        .arg(token)
+        .arg("NX")
+        .arg("PX")
+        .arg(millis(lease));
     c
 }
 
