@@ -12,6 +12,8 @@ mod codec;
 mod coherence;
 mod protocol;
 mod redis_store;
+#[cfg(test)]
+mod sim;
 mod writes;
 
 use std::fmt;

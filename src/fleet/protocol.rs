@@ -429,6 +429,14 @@ pub(crate) mod tests {
             m.insert("v".into(), (bytes, Some(ttl)));
         }
 
+        /// An insert of `payload`: a new generation, and the value under it.
+        pub(crate) fn insert(&self, payload: &[u8]) {
+            let mut m = self.map.lock().unwrap();
+            self.next_generation(&mut m);
+            let bytes = self.stamped(&mut m, payload);
+            m.insert("v".into(), (bytes, Some(Duration::from_secs(9))));
+        }
+
         /// An invalidation of the key (its generation moves; the stale bytes stay).
         pub(crate) fn invalidate(&self) {
             let mut m = self.map.lock().unwrap();
@@ -526,7 +534,7 @@ pub(crate) mod tests {
     }
 
     #[derive(Default)]
-    struct Counts(Mutex<Vec<Counter>>);
+    pub(crate) struct Counts(pub(crate) Mutex<Vec<Counter>>);
 
     impl Hooks<u64> for Counts {
         fn decode(&self, bytes: &[u8]) -> Option<u64> {
@@ -540,7 +548,7 @@ pub(crate) mod tests {
         }
     }
 
-    const KEYS: Keys<'static> = Keys {
+    pub(crate) const KEYS: Keys<'static> = Keys {
         value: "v",
         lock: "l",
         generation: "g",
