@@ -136,6 +136,7 @@ fn now_ms() -> u64 {
 
 /// Runs this process as a fleet child if it was started as one (then exits).
 pub fn child_main_if_requested() {
+    crate::coherence::child_main_if_requested();
     let Ok(spec) = std::env::var(CHILD) else {
         return;
     };

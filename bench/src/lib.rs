@@ -10,6 +10,7 @@
 
 pub mod args;
 pub mod caches;
+pub mod coherence;
 pub mod fleet;
 pub mod hitratio;
 pub mod opt;

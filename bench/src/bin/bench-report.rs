@@ -5,7 +5,8 @@
 //!   it takes minutes and wants an otherwise idle machine).
 //! - Stampedes: every configuration of `stampede-bench`, run now.
 //! - Hit ratio: the default grid of `hitratio`, run now (skipped with a message if no traces).
-//! - Fleet: `fleet-bench`'s default runs, now (skipped with a message without `redis-server`).
+//! - Fleet: `fleet-bench`'s default runs and its coherence mode, now (skipped with a message
+//!   without `redis-server`).
 //!
 //! Run: `cargo run --release -p herdcache-bench --bin bench-report -- [--out DIR]
 //! [--seconds S] [--traces DIR]`. `--out` defaults to the workspace's `docs/`.
@@ -15,6 +16,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use herdcache_bench::args::{exit_usage, Flags};
+use herdcache_bench::coherence::{self, CoherenceReport, CoherenceSettings};
 use herdcache_bench::fleet::{self, FleetReport, FleetSettings, RedisServer};
 use herdcache_bench::hitratio::{self, Cell, POLICIES};
 use herdcache_bench::stampede::{self, Config, Report, Settings};
@@ -374,6 +376,56 @@ fn fleet_section(fleet: &Result<Vec<FleetReport>, String>, out_dir: &Path, md: &
     let _ = writeln!(md, "\n![fleet loads per expiry](bench/fleet_loads.svg)\n");
 }
 
+fn coherence_section(
+    coherence: &Result<Vec<CoherenceReport>, String>,
+    out_dir: &Path,
+    md: &mut String,
+) {
+    let s = CoherenceSettings::default();
+    let _ = writeln!(
+        md,
+        "## Fleet coherence\n\n`cargo run --release -p herdcache-bench --bin fleet-bench -- \
+         --coherence`: a writer changes the source and calls `invalidate` {} times a second \
+         through its own instance, while K reader instance processes read the key at {} \
+         reads/s each through the shared tier (coherence bound {:?}, source load {:?}, {:?} \
+         per run). Each read is judged against the writes completed before it: *stale beyond \
+         the bound* if a newer write had completed more than the bound earlier (the promise: \
+         none). Propagation: from `invalidate` returning to each instance's first read of the \
+         new value (the source load and the read spacing included).\n",
+        s.writes, s.rate, s.bound, s.load, s.run
+    );
+    let reports = match coherence {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = writeln!(md, "Not measured: {e}.\n");
+            return;
+        }
+    };
+    md.push_str(&coherence::table(reports));
+    let ms = |v: u64| v as f64 / 1e3;
+    write_file(
+        &out_dir.join("bench/coherence_propagation.svg"),
+        &svg::bars(
+            "Invalidation propagation: write to each instance's first fresh read",
+            "milliseconds",
+            &reports
+                .iter()
+                .map(|r| format!("{} readers", r.instances))
+                .collect::<Vec<_>>(),
+            &["p50".to_owned(), "p99".to_owned(), "max".to_owned()],
+            &[
+                reports.iter().map(|r| ms(r.propagation_p50_us)).collect(),
+                reports.iter().map(|r| ms(r.propagation_p99_us)).collect(),
+                reports.iter().map(|r| ms(r.propagation_max_us)).collect(),
+            ],
+        ),
+    );
+    let _ = writeln!(
+        md,
+        "\n![invalidation propagation](bench/coherence_propagation.svg)\n"
+    );
+}
+
 fn hitratio_section(cells: &[Cell], note: &str, out_dir: &Path, md: &mut String) {
     let _ = writeln!(
         md,
@@ -577,6 +629,20 @@ fn main() {
         Ok(out)
     });
 
+    eprintln!("fleet coherence: 2, 4 and 8 reader instances");
+    let coherence_reports = RedisServer::start().and_then(|server| {
+        [2, 4, 8]
+            .into_iter()
+            .map(|k| {
+                let s = CoherenceSettings {
+                    instances: k,
+                    ..CoherenceSettings::default()
+                };
+                coherence::run(&s, &server.url())
+            })
+            .collect::<Result<Vec<_>, String>>()
+    });
+
     let mut md = String::new();
     let _ = writeln!(
         md,
@@ -591,6 +657,7 @@ fn main() {
     throughput_section(&throughput, &out_dir, &mut md);
     stampede_section(&reports, &settings, &out_dir, &mut md);
     fleet_section(&fleet_reports, &out_dir, &mut md);
+    coherence_section(&coherence_reports, &out_dir, &mut md);
     hitratio_section(&cells, &note, &out_dir, &mut md);
     write_file(&out_dir.join("BENCHMARKS.md"), &md);
     eprintln!("wrote {}", out_dir.join("BENCHMARKS.md").display());

@@ -2,17 +2,24 @@
 //! and again, first with local single flight only, then coordinated through Redis; prints
 //! source loads per expiry across the fleet and read latency percentiles.
 //!
+//! With `--coherence`, the coherence mode instead: a writer changes the source and
+//! invalidates through its own instance `--writes` times a second while K reader instances
+//! read; prints stale reads beyond the tier's coherence bound (the promise: none),
+//! propagation percentiles and source loads per write.
+//!
 //! Needs `redis-server` installed (it starts a private one). Run:
 //! `cargo run --release -p herdcache-bench --bin fleet-bench -- [--instances K,...]
-//! [--readers N] [--rate R] [--load-ms L] [--ttl-ms T] [--seconds S] [--json]`.
+//! [--readers N] [--rate R] [--load-ms L] [--ttl-ms T] [--seconds S] [--json]
+//! [--coherence [--writes W] [--bound-ms B]]`.
 
 use std::time::Duration;
 
 use herdcache_bench::args::{exit_usage, Flags};
+use herdcache_bench::coherence::{self, CoherenceSettings};
 use herdcache_bench::fleet::{self, FleetSettings, RedisServer};
 
 const USAGE: &str = "fleet-bench [--instances K,...] [--readers N] [--rate R] [--load-ms L] \
-                     [--ttl-ms T] [--seconds S] [--json]";
+                     [--ttl-ms T] [--seconds S] [--json] [--coherence [--writes W] [--bound-ms B]]";
 
 fn main() {
     fleet::child_main_if_requested();
@@ -24,8 +31,10 @@ fn main() {
             "--load-ms",
             "--ttl-ms",
             "--seconds",
+            "--writes",
+            "--bound-ms",
         ],
-        &["--json", "--help"],
+        &["--json", "--help", "--coherence"],
     )
     .unwrap_or_else(|e| exit_usage(&e, USAGE));
     if flags.has("--help") {
@@ -74,6 +83,50 @@ fn main() {
         eprintln!("fleet-bench: {e}");
         std::process::exit(1);
     });
+    if flags.has("--coherence") {
+        let c = CoherenceSettings::default();
+        let writes: u64 = flags
+            .get("--writes", c.writes)
+            .unwrap_or_else(|e| exit_usage(&e, USAGE));
+        if writes == 0 {
+            exit_usage("--writes must be positive", USAGE);
+        }
+        let base = CoherenceSettings {
+            rate: base.rate,
+            writes,
+            bound: ms("--bound-ms", c.bound),
+            load: flags.raw("--load-ms").last().map_or(c.load, |_| base.load),
+            run: base.run,
+            ..c
+        };
+        let mut reports = Vec::new();
+        for &k in &instances {
+            let s = CoherenceSettings {
+                instances: k,
+                ..base
+            };
+            match coherence::run(&s, &server.url()) {
+                Ok(r) => reports.push(r),
+                Err(e) => {
+                    eprintln!("fleet-bench: {e}");
+                    std::process::exit(1);
+                }
+            }
+        }
+        if flags.has("--json") {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&reports).expect("reports serialise")
+            );
+        } else {
+            println!(
+                "{} writes/s, {} reads/s per reader instance, source load {:?}, coherence bound {:?}, {:?} per run\n",
+                base.writes, base.rate, base.load, base.bound, base.run
+            );
+            print!("{}", coherence::table(&reports));
+        }
+        return;
+    }
     let mut reports = Vec::new();
     for &k in &instances {
         let s = FleetSettings {
