@@ -179,8 +179,13 @@
 //! once per TTL. The lock is only an optimisation: a crashed holder costs one lease, a wait
 //! never exceeds its bound, and with Redis down every read is still served by local single
 //! flight (counted in [`Stats::shared_errors`], never a load error). Values cross the wire
-//! through a `fleet::Codec`. The failure modes are listed under `fleet::RedisTier` (the
-//! `fleet` module exists with the `redis` feature).
+//! through a `fleet::Codec`.
+//!
+//! Writes go through the tier too: `invalidate`, `insert` and `invalidate_all` on one
+//! instance reach Redis and every other instance within the tier's coherence bound (100 ms by
+//! default), and a load that raced such a write delivers its value to its own waiters but
+//! never puts it back, in Redis or in any local cache. The guarantee and the failure modes are
+//! under `fleet::RedisTier` (the `fleet` module exists with the `redis` feature).
 //!
 //! # Pacing loads
 //!

@@ -686,8 +686,37 @@ mod tests {
             setting(build(b().wait_bound(Duration::from_secs(90_000)))),
             "wait_bound"
         );
+        for bad in [
+            Duration::ZERO,
+            Duration::from_micros(10),
+            Duration::from_secs(90_000),
+        ] {
+            assert_eq!(setting(build(b().max_shared_ttl(bad))), "max_shared_ttl");
+        }
+        for bad in [
+            Duration::ZERO,
+            Duration::from_millis(9),
+            Duration::from_secs(90_000),
+        ] {
+            assert_eq!(setting(build(b().coherence_bound(bad))), "coherence_bound");
+        }
         // Not waiting at all is a valid choice; building connects to nothing.
         assert!(build(b().wait_bound(Duration::ZERO)).is_ok());
+    }
+
+    #[test]
+    fn a_tier_given_before_the_hasher_is_an_error_not_a_cache_without_coherence() {
+        let tier = build(RedisTier::builder("redis://127.0.0.1:6379/")).unwrap();
+        let r = crate::Cache::<u64, String>::builder()
+            .max_capacity(10)
+            .shared_tier(tier)
+            .hasher(std::hash::RandomState::new())
+            .build();
+        match r {
+            Err(BuildError::Invalid { setting, .. }) => assert_eq!(setting, "shared_tier"),
+            Ok(_) => panic!("built a fleet cache that would hear no broadcast"),
+            Err(e) => panic!("unexpected {e:?}"),
+        }
     }
 
     #[test]
