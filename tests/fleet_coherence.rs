@@ -350,3 +350,126 @@ fn a_waiters_deadline_cuts_its_wait_on_another_instances_lock() {
     );
     assert_eq!(cache.stats().shared_wait_timeouts, 1);
 }
+
+/// A reader instance as a process of its own (this test binary re-executed): it reads `k`
+/// once (the source's value is in the file `COHERENCE_SOURCE`), says `READY`, then reads
+/// every millisecond until the value changes and says `SAW <value> <unix µs>`.
+#[test]
+#[ignore = "the coherence test's child instance: runs only when that test starts it"]
+fn coherence_child_entry() {
+    let Ok(url) = std::env::var("COHERENCE_CHILD_URL") else {
+        return;
+    };
+    let source = std::env::var("COHERENCE_SOURCE").expect("COHERENCE_SOURCE is set");
+    let cache = instance(&url, "c9:");
+    let load = |_: &String| {
+        let v = std::fs::read_to_string(&source).expect("the source file");
+        let mut log = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(format!("{source}.loads"))
+            .expect("the loads file");
+        std::io::Write::write_all(&mut log, b"load\n").unwrap();
+        Ok::<_, ()>(v)
+    };
+    let first = cache.get_or_load(&"k".to_owned(), load).unwrap();
+    println!("COHERENCE READY {first}");
+    let start = Instant::now();
+    loop {
+        let v = cache.get_or_load(&"k".to_owned(), load).unwrap();
+        if v != first {
+            println!("COHERENCE SAW {v} {}", unix_micros());
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "never saw a change"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn unix_micros() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+}
+
+#[test]
+fn an_invalidate_reaches_every_instance_process_with_one_load_for_the_fleet() {
+    let Some(redis) = RedisServer::start("an_invalidate_reaches_every_instance_process") else {
+        return;
+    };
+    const K: usize = 3;
+    let source = std::env::temp_dir().join(format!("herdcache-coherence-{}", std::process::id()));
+    let loads = source.with_extension("loads");
+    let _ = std::fs::remove_file(&loads);
+    std::fs::write(&source, "v0").unwrap();
+    let (lines, heard) = mpsc::channel::<String>();
+    let children: Vec<std::process::Child> = (0..K)
+        .map(|_| {
+            let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "coherence_child_entry",
+                    "--exact",
+                    "--ignored",
+                    "--nocapture",
+                ])
+                .args(["--test-threads=1"])
+                .env("COHERENCE_CHILD_URL", redis.url())
+                .env("COHERENCE_SOURCE", &source)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("the test binary re-executes as a child");
+            let out = child.stdout.take().unwrap();
+            let lines = lines.clone();
+            std::thread::spawn(move || {
+                use std::io::BufRead;
+                for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                    if let Some((_, said)) = l.split_once("COHERENCE ") {
+                        let _ = lines.send(said.to_owned());
+                    }
+                }
+            });
+            child
+        })
+        .collect();
+    let next = || {
+        heard
+            .recv_timeout(Duration::from_secs(30))
+            .expect("a child instance spoke within 30 s")
+    };
+    for _ in 0..K {
+        assert_eq!(next(), "READY v0");
+    }
+    subscribed(&redis, "c9:", K);
+    let before = std::fs::read_to_string(&loads).unwrap().lines().count();
+    assert_eq!(before, 1, "the fleet loaded v0 once");
+    // The source changes; this process invalidates through its own instance.
+    let writer = instance(&redis.url(), "c9:");
+    std::fs::write(&source, "v1").unwrap();
+    writer.invalidate("k");
+    let written = unix_micros();
+    let mut delays = Vec::new();
+    for _ in 0..K {
+        let said = next();
+        let mut words = said.split(' ');
+        assert_eq!(words.next(), Some("SAW"));
+        assert_eq!(
+            words.next(),
+            Some("v1"),
+            "every instance reads the new value"
+        );
+        let at: u128 = words.next().unwrap().parse().unwrap();
+        delays.push(Duration::from_micros(at.saturating_sub(written) as u64));
+    }
+    for mut c in children {
+        assert!(c.wait().unwrap().success(), "a child instance failed");
+    }
+    let after = std::fs::read_to_string(&loads).unwrap().lines().count();
+    assert_eq!(after - before, 1, "one load for the whole fleet");
+    let _ = std::fs::remove_file(&source);
+    let _ = std::fs::remove_file(&loads);
+    eprintln!("instances read the new value after {delays:?}");
+}
