@@ -235,6 +235,45 @@ fn a_load_that_raced_an_invalidation_never_puts_the_old_value_back() {
 }
 
 #[test]
+fn a_generation_lost_while_a_load_runs_does_not_let_the_old_value_back() {
+    let Some(redis) = RedisServer::start("a_generation_lost_while_a_load_runs") else {
+        return;
+    };
+    let (a, b) = (
+        instance(&redis.url(), "c10:"),
+        instance(&redis.url(), "c10:"),
+    );
+    subscribed(&redis, "c10:", 2);
+    let (read_old, b_has_read) = mpsc::channel();
+    let (finish, b_gate) = mpsc::channel::<()>();
+    let b_call = {
+        let b = b.clone();
+        std::thread::spawn(move || {
+            b.get_or_load(&"k".to_owned(), |_| {
+                read_old.send(()).unwrap();
+                b_gate.recv().unwrap();
+                Ok::<_, ()>("old".to_owned())
+            })
+        })
+    };
+    b_has_read
+        .recv_timeout(Duration::from_secs(20))
+        .expect("B's load started");
+    a.invalidate("k");
+    // The generation that invalidation wrote is lost (an eviction, a failover to a replica
+    // that never had it): the key reads as having none again.
+    let mut check = redis.client();
+    let generations: Vec<String> = check.keys("c10:g:*").unwrap();
+    assert_eq!(generations.len(), 1, "{generations:?}");
+    let _: () = check.del(&generations[0]).unwrap();
+    finish.send(()).unwrap();
+    assert_eq!(b_call.join().unwrap().as_deref(), Ok("old"));
+    let stored: Option<Vec<u8>> = check.get("c10:v:k").unwrap();
+    assert!(stored.is_none(), "the old value was not written to Redis");
+    assert_eq!(b.stats().shared_conflicts, 1);
+}
+
+#[test]
 fn without_a_ttl_a_shared_value_lives_at_most_the_tiers_bound() {
     let Some(redis) = RedisServer::start("without_a_ttl_a_shared_value_lives") else {
         return;

@@ -9,10 +9,10 @@
 //!    refreshed) is the answer.
 //! 2. Else try the soft lock (`SET NX PX lease` with a random token). The winner reads the
 //!    tier again (a holder may have written and released since step 1), then loads and
-//!    publishes the value only if the key's stamp is still the one it read before loading
-//!    (compare-and-set in the store), and releases the lock only if it still holds it. A
-//!    load that outlived its lease is not published either: the stamp it read may have been
-//!    invalidated and expired since.
+//!    publishes the value only if the key's stamp is still the one it read (and claimed)
+//!    before loading (compare-and-set in the store), and releases the lock only if it still
+//!    holds it. A load that outlived its lease is not published: the stamp it read may have
+//!    been invalidated and expired since.
 //! 3. A loser waits with backoff, re-reading the tier and retrying the lock (a holder that
 //!    crashed frees it after one lease), until its wait bound or its own deadline; then it
 //!    loads anyway, without publishing.
@@ -70,8 +70,13 @@ pub(crate) struct Keys<'a> {
 /// The shared tier and its soft locks.
 pub(crate) trait Store: Sync {
     /// The value under `keys.value` with its remaining time to live, and the key's stamp,
-    /// read atomically.
-    fn read(&self, keys: Keys<'_>) -> impl Future<Output = Result<Snapshot, StoreError>> + Send;
+    /// read atomically. With `claim` (a generation TTL), a key without a generation and a
+    /// tier without an epoch get one first, so the stamp read is never "not set".
+    fn read(
+        &self,
+        keys: Keys<'_>,
+        claim: Option<Duration>,
+    ) -> impl Future<Output = Result<Snapshot, StoreError>> + Send;
     /// `SET lock token NX PX lease`: whether the lock is now ours.
     fn try_lock(
         &self,
@@ -80,8 +85,8 @@ pub(crate) trait Store: Sync {
         lease: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
     /// Writes `payload` under the key's stamp with time to live `ttl`, atomically and only if
-    /// the stamp is still `expected` (giving the key a generation if it had none, kept at
-    /// least `generation_ttl`): whether it wrote.
+    /// the stamp is still `expected` and set (keeping the generation at least
+    /// `generation_ttl`): whether it wrote.
     fn publish(
         &self,
         keys: Keys<'_>,
@@ -170,7 +175,7 @@ where
     let mut waited = false;
     loop {
         // 1. The shared tier.
-        match shared(store, hooks, &plan, true).await {
+        match shared(store, hooks, &plan, false).await {
             Ok(Answer::Value(v, ttl)) => return Outcome::Shared(v, ttl),
             Ok(Answer::Miss(_)) => {}
             Err(e) => return Outcome::Failed(load.await, e),
@@ -187,7 +192,7 @@ where
                 // our lock: Redis runs commands one at a time, so a read after our lock sees
                 // any value written before the release that let us take it.
                 let read_at = Instant::now();
-                return match shared(store, hooks, &plan, false).await {
+                return match shared(store, hooks, &plan, true).await {
                     Ok(Answer::Value(v, ttl)) => {
                         let _ = held.release().await;
                         Outcome::Shared(v, ttl)
@@ -227,14 +232,17 @@ enum Answer<V> {
 
 /// Reads the tier: a value written under the key's current stamp answers the load (counted
 /// as a shared hit), unless it is a refresh's own write. An undecodable value is a miss,
-/// counted if `count_codec_errors` (once per load: not again on the re-read after the lock).
+/// counted once per load (not again on the `holder`'s re-read after the lock, which also
+/// claims a stamp for the key).
 async fn shared<St: Store, V>(
     store: &St,
     hooks: &impl Hooks<V>,
     plan: &Plan<'_>,
-    count_codec_errors: bool,
+    holder: bool,
 ) -> Result<Answer<V>, StoreError> {
-    let snapshot = store.read(plan.keys).await?;
+    let snapshot = store
+        .read(plan.keys, holder.then_some(plan.generation_ttl))
+        .await?;
     let current = snapshot.current;
     let Some((bytes, ttl)) = snapshot.value else {
         return Ok(Answer::Miss(current));
@@ -255,7 +263,7 @@ async fn shared<St: Store, V>(
         }
         // Treated as a miss: the lock's winner overwrites it.
         None => {
-            if count_codec_errors {
+            if !holder {
                 hooks.count(Counter::SharedCodecErrors);
             }
             Ok(Answer::Miss(current))
@@ -322,10 +330,9 @@ where
     let mut refused = false;
     if let Ok(v) = &result {
         // Past its lease the stamp read may have been moved and expired again (generations
-        // outlive a lease, not more), so the compare-and-set could not tell.
-        if read_at.elapsed() >= plan.lease {
-            refused = true;
-        } else {
+        // outlive a lease, not more), so the compare-and-set could not tell: not published.
+        // The instance may still keep it: its own re-check covers the writes it heard.
+        if read_at.elapsed() < plan.lease {
             match hooks.encode(v) {
                 Some(bytes) => {
                     match store
@@ -462,9 +469,12 @@ pub(crate) mod tests {
     }
 
     impl Store for Memory {
-        async fn read(&self, _: Keys<'_>) -> Result<Snapshot, StoreError> {
+        async fn read(&self, _: Keys<'_>, claim: Option<Duration>) -> Result<Snapshot, StoreError> {
             self.check("read")?;
-            let m = self.map.lock().unwrap();
+            let mut m = self.map.lock().unwrap();
+            if claim.is_some() && self.stamp(&m).generation == 0 {
+                self.next_generation(&mut m);
+            }
             Ok(Snapshot {
                 value: m
                     .get("v")
@@ -495,7 +505,7 @@ pub(crate) mod tests {
         ) -> Result<bool, StoreError> {
             self.check("publish")?;
             let mut m = self.map.lock().unwrap();
-            if self.stamp(&m) != expected {
+            if expected.generation == 0 || self.stamp(&m) != expected {
                 return Ok(false);
             }
             let bytes = self.stamped(&mut m, &payload);
@@ -617,7 +627,8 @@ pub(crate) mod tests {
             Err::<u64, _>("source down")
         }));
         assert_eq!(loaded(out), Err("source down"));
-        assert!(store.map.lock().unwrap().is_empty());
+        let map = store.map.lock().unwrap();
+        assert!(!map.contains_key("v") && !map.contains_key("l"));
     }
 
     #[test]
@@ -778,7 +789,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_load_that_outlived_its_lease_is_not_published() {
+    fn a_load_that_outlived_its_lease_is_not_published_but_may_be_kept_locally() {
         let store = Memory::default();
         let p = Plan {
             lease: Duration::from_millis(1),
@@ -788,8 +799,22 @@ pub(crate) mod tests {
             std::thread::sleep(Duration::from_millis(5));
             Ok::<_, ()>(1)
         }));
+        assert_eq!(loaded(out), Ok(1));
+        assert_eq!(store.current(), None, "not published");
+    }
+
+    #[test]
+    fn a_generation_lost_while_the_holder_loads_refuses_its_value() {
+        let store = Memory::default();
+        let out = run(coordinate(&store, &Counts::default(), plan(None), async {
+            // Another instance invalidates, and that generation is then lost (evicted, or a
+            // failover to a replica that never had it).
+            store.invalidate();
+            store.map.lock().unwrap().remove("g");
+            Ok::<_, ()>(1)
+        }));
         assert!(matches!(out, Outcome::Refused(Ok(1))));
-        assert_eq!(store.current(), None);
+        assert_eq!(store.current(), None, "the old value was not put back");
     }
 
     #[test]

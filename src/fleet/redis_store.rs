@@ -41,26 +41,32 @@ local function current(key)
 end
 ";
 
-/// KEYS: value, generation, epoch. The value, its PTTL, and the key's stamp.
+/// KEYS: value, generation, epoch, sequence. ARGV: a generation TTL (ms) to claim with, or
+/// nothing. The value, its PTTL, and the key's stamp. Claiming (the lock's holder, before it
+/// loads) first gives a key without a generation (or a tier without an epoch) one, so the
+/// stamp it loads under is never "not set": a generation that disappears while it loads (an
+/// eviction, a failover) then fails its compare-and-set instead of matching again.
 const READ: &str = "
+if ARGV[1] then
+  if redis.call('EXISTS', KEYS[2]) == 0 then
+    redis.call('SET', KEYS[2], fresh(KEYS[4]), 'PX', ARGV[1])
+  end
+  if redis.call('EXISTS', KEYS[3]) == 0 then fresh(KEYS[3]) end
+end
 local v = redis.call('GET', KEYS[1])
 local t = redis.call('PTTL', KEYS[1])
 return {v, t, redis.call('GET', KEYS[2]), redis.call('GET', KEYS[3])}
 ";
 
-/// KEYS: value, generation, epoch, sequence. ARGV: expected generation and epoch ('0': none),
-/// payload, TTL (ms), generation TTL (ms). Writes `epoch:generation:payload` only if the stamp
-/// is still the expected one; a key without a generation gets one, and a generation outlives
-/// every value written under it.
+/// KEYS: value, generation, epoch. ARGV: expected generation and epoch, payload, TTL (ms),
+/// generation TTL (ms). Writes `epoch:generation:payload` only if the stamp is still the
+/// expected one (never "not set": the holder claimed a stamp before loading), and keeps the
+/// generation at least as long as the value.
 const PUBLISH: &str = "
 local g = current(KEYS[2])
 local e = current(KEYS[3])
-if g ~= ARGV[1] or e ~= ARGV[2] then return 0 end
-if e == '0' then e = fresh(KEYS[3]) end
-if g == '0' then
-  g = fresh(KEYS[4])
-  redis.call('SET', KEYS[2], g, 'PX', ARGV[5])
-elseif redis.call('PTTL', KEYS[2]) < tonumber(ARGV[5]) then
+if g == '0' or e == '0' or g ~= ARGV[1] or e ~= ARGV[2] then return 0 end
+if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[5]) then
   redis.call('PEXPIRE', KEYS[2], ARGV[5])
 end
 redis.call('SET', KEYS[1], e .. ':' .. g .. ':' .. ARGV[3], 'PX', ARGV[4])
@@ -103,12 +109,16 @@ fn script(body: &str) -> Cmd {
     c
 }
 
-fn read_cmd(keys: Keys<'_>, tier: &TierKeys) -> Cmd {
+fn read_cmd(keys: Keys<'_>, tier: &TierKeys, claim: Option<Duration>) -> Cmd {
     let mut c = script(READ);
-    c.arg(3)
+    c.arg(4)
         .arg(keys.value)
         .arg(keys.generation)
-        .arg(&tier.epoch);
+        .arg(&tier.epoch)
+        .arg(&tier.sequence);
+    if let Some(ttl) = claim {
+        c.arg(millis(ttl));
+    }
     c
 }
 
@@ -143,11 +153,10 @@ fn publish_cmd(
     generation_ttl: Duration,
 ) -> Cmd {
     let mut c = script(PUBLISH);
-    c.arg(4)
+    c.arg(3)
         .arg(keys.value)
         .arg(keys.generation)
         .arg(&tier.epoch)
-        .arg(&tier.sequence)
         .arg(expected.generation.to_string())
         .arg(expected.epoch.to_string())
         .arg(payload)
@@ -267,8 +276,8 @@ impl SyncStore {
 }
 
 impl Store for SyncStore {
-    async fn read(&self, keys: Keys<'_>) -> Result<Snapshot, StoreError> {
-        self.query::<ReadReply>(&read_cmd(keys, &self.tier))
+    async fn read(&self, keys: Keys<'_>, claim: Option<Duration>) -> Result<Snapshot, StoreError> {
+        self.query::<ReadReply>(&read_cmd(keys, &self.tier, claim))
             .map(snapshot)
     }
 
@@ -355,8 +364,8 @@ impl AsyncStore {
 }
 
 impl Store for AsyncStore {
-    async fn read(&self, keys: Keys<'_>) -> Result<Snapshot, StoreError> {
-        self.query::<ReadReply>(read_cmd(keys, &self.tier))
+    async fn read(&self, keys: Keys<'_>, claim: Option<Duration>) -> Result<Snapshot, StoreError> {
+        self.query::<ReadReply>(read_cmd(keys, &self.tier, claim))
             .await
             .map(snapshot)
     }

@@ -35,8 +35,8 @@ const INSTANCES: usize = 3;
 struct Yielding(&'static Memory);
 
 impl Store for Yielding {
-    async fn read(&self, keys: Keys<'_>) -> Result<Snapshot, StoreError> {
-        let snapshot = self.0.read(keys).await;
+    async fn read(&self, keys: Keys<'_>, claim: Option<Duration>) -> Result<Snapshot, StoreError> {
+        let snapshot = self.0.read(keys, claim).await;
         YieldOnce(false).await;
         snapshot
     }

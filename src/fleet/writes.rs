@@ -34,9 +34,8 @@ impl<K, V: 'static> RedisTier<K, V> {
         value: Option<(&V, Option<Duration>)>,
         count: &dyn Fn(Counter),
     ) {
-        if self.health.is_down() {
-            return;
-        }
+        // Tried even while loads skip Redis after a failure: a write that does not reach the
+        // tier leaves the old value to every other instance.
         let generation_key = self.generation_key(pkey);
         let message = self.coherence.message(Some(pkey));
         let encoded = match (key, value) {
@@ -115,9 +114,6 @@ where
         tier.coherence().heard_all();
         let domain = &self.inner.domain;
         let count = |c| domain.pin().count(c);
-        if tier.health.is_down() {
-            return;
-        }
         let message = tier.coherence().message(None);
         tier.sent(tier.sync.invalidate_all(&tier.channel, &message), &count);
     }
