@@ -261,8 +261,9 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
+        // In progress until the local removal is done (other own writes of the key look).
         #[cfg(feature = "redis")]
-        self.write_through(None, self.pkey(key), None);
+        let _written = self.write_through(None, self.pkey(key), None);
         let pinned = self.inner.domain.pin();
         let hash = self.inner.hasher.hash_one(key);
         match self

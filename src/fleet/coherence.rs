@@ -43,6 +43,11 @@ pub(crate) struct Coherence {
     instance: u64,
     pub(crate) bound: Duration,
     heard: Box<[AtomicU64]>,
+    /// This instance's own writes in progress, and ended, by slot: two own writes of a key
+    /// that overlap may reach Redis in one order and the local table in the other, so each
+    /// drops its local copy if another overlapped it (an extra miss, never a stale read).
+    writing: Box<[AtomicU64]>,
+    ended: Box<[AtomicU64]>,
     /// Odd while the link is down (the initial state: not yet subscribed); moves at every
     /// change, so a load that ran across a loss sees it.
     link: AtomicU64,
@@ -68,6 +73,8 @@ impl Coherence {
             instance: super::random_u64(),
             bound,
             heard: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            writing: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            ended: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
             link: AtomicU64::new(1),
         }
     }
@@ -116,6 +123,20 @@ impl Coherence {
         fence(Ordering::SeqCst);
     }
 
+    /// An own write of the key begins (before it goes to Redis): its slot moves, so this
+    /// instance's loads of the key in flight drop what they read before it.
+    pub(crate) fn begin_write(&self, pkey: u64) -> OwnWrite<'_> {
+        let slot = Self::slot(pkey);
+        self.writing[slot].fetch_add(1, Ordering::SeqCst);
+        self.heard_key(pkey);
+        OwnWrite {
+            coherence: self,
+            slot,
+            ended: self.ended[slot].load(Ordering::SeqCst),
+            seen: self.before_load(pkey),
+        }
+    }
+
     /// Every slot moves (an `invalidate_all` heard).
     pub(crate) fn heard_all(&self) {
         for h in self.heard.iter() {
@@ -152,6 +173,37 @@ impl Coherence {
     }
 }
 
+/// An own write in progress ([`Coherence::begin_write`]); ends when dropped.
+#[derive(Debug)]
+pub(crate) struct OwnWrite<'a> {
+    coherence: &'a Coherence,
+    slot: usize,
+    ended: u64,
+    seen: Seen,
+}
+
+impl OwnWrite<'_> {
+    /// After the write's local half: whether its local copy may stay. Not if another
+    /// instance's write of a key in its slot was heard or the link changed meanwhile, nor if
+    /// another own write of the slot overlapped this one (it is still running, or it ended
+    /// meanwhile: an overlapping write ends after its own check in program order, so reading
+    /// `writing` before `ended` misses neither).
+    pub(crate) fn may_keep(self) -> bool {
+        let c = self.coherence;
+        !(c.changed_since(self.seen)
+            || c.writing[self.slot].load(Ordering::SeqCst) > 1
+            || c.ended[self.slot].load(Ordering::SeqCst) != self.ended)
+    }
+}
+
+impl Drop for OwnWrite<'_> {
+    fn drop(&mut self) {
+        let c = self.coherence;
+        c.ended[self.slot].fetch_add(1, Ordering::SeqCst);
+        c.writing[self.slot].fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// How the subscriber reaches the cache: `false` once the cache is gone (the thread ends).
 pub(crate) type OnHeard = Box<dyn Fn(Heard, Duration) -> bool + Send>;
 
@@ -175,13 +227,36 @@ pub(crate) fn subscribe(
                 op_timeout,
                 on_heard,
             };
-            while link.listen() {
-                std::thread::sleep(retry_after.min(link.coherence.bound));
+            // However the thread ends (the cache gone, or a panic), the link is down after:
+            // nothing would hear the other instances' writes any more.
+            let _down = LinkDown(&link.coherence);
+            // Reconnects back off from 10 ms to `retry_after`; the link stays down meanwhile.
+            let mut pause = Duration::from_millis(10);
+            loop {
+                match link.listen() {
+                    Listened::Gone => return,
+                    Listened::WasUp => pause = Duration::from_millis(10),
+                    Listened::NeverUp => {
+                        if !(link.on_heard)(Heard::Quiet, Duration::ZERO) {
+                            return; // the cache is gone
+                        }
+                        pause = (pause * 2).min(retry_after);
+                    }
+                }
+                std::thread::sleep(pause);
             }
         });
     if spawned.is_err() {
         // No thread: the link stays down, so every local copy lives at most the bound.
         log::warn!("herdcache: no thread for the fleet's channel; local copies live at most the coherence bound");
+    }
+}
+
+struct LinkDown<'a>(&'a Coherence);
+
+impl Drop for LinkDown<'_> {
+    fn drop(&mut self) {
+        self.0.set_link(false);
     }
 }
 
@@ -193,23 +268,40 @@ struct Link {
     on_heard: OnHeard,
 }
 
+/// How one connection's life ended.
+enum Listened {
+    /// The cache is gone.
+    Gone,
+    /// Subscribed, then lost.
+    WasUp,
+    /// Could not connect or subscribe.
+    NeverUp,
+}
+
 impl Link {
     /// One connection's life: subscribes, hands over what it hears, and returns when the link
-    /// is lost (`true`: try again) or the cache is gone (`false`).
-    fn listen(&self) -> bool {
-        let quiet = self.coherence.bound / 4;
+    /// is lost or the cache is gone. Only a link that was up and is lost tells the cache
+    /// (which then drops every local copy); while it stays down, copies live at most the
+    /// bound anyway.
+    fn listen(&self) -> Listened {
         let subscribed = (|| {
             let conn = self.client.get_connection_with_timeout(self.op_timeout)?;
-            conn.set_read_timeout(Some(quiet.max(Duration::from_millis(1))))?;
+            conn.set_read_timeout(Some(self.op_timeout))?;
             conn.set_write_timeout(Some(self.op_timeout))?;
             Ok::<_, redis::RedisError>(conn)
         })();
         let Ok(mut conn) = subscribed else {
-            return (self.on_heard)(Heard::LinkLost, Duration::ZERO);
+            return Listened::NeverUp;
         };
         let mut pubsub = conn.as_pubsub();
         if pubsub.subscribe(&self.channel).is_err() {
-            return (self.on_heard)(Heard::LinkLost, Duration::ZERO);
+            return Listened::NeverUp;
+        }
+        // From here the link must answer within a quarter of the bound: quiet for that long,
+        // it is pinged, and the ping must come back within another quarter.
+        let quiet = (self.coherence.bound / 4).max(Duration::from_millis(1));
+        if pubsub.set_read_timeout(Some(quiet)).is_err() {
+            return Listened::NeverUp;
         }
         self.coherence.set_link(true);
         let alive = loop {
@@ -224,8 +316,6 @@ impl Link {
                         }
                     }
                 }
-                // Quiet for a quarter of the bound: the link must answer a ping within
-                // another quarter, or it is lost.
                 Err(e) if e.is_timeout() => {
                     if pubsub.ping::<redis::Value>().is_err() {
                         break true;
@@ -238,7 +328,11 @@ impl Link {
             }
         };
         self.coherence.set_link(false);
-        alive && (self.on_heard)(Heard::LinkLost, Duration::ZERO)
+        if alive && (self.on_heard)(Heard::LinkLost, Duration::ZERO) {
+            Listened::WasUp
+        } else {
+            Listened::Gone
+        }
     }
 }
 
@@ -266,6 +360,28 @@ mod tests {
         ] {
             assert_eq!(b.parse(garbage), None, "{garbage:?}");
         }
+    }
+
+    #[test]
+    fn overlapping_own_writes_of_a_key_keep_no_local_copy() {
+        let c = Coherence::new(Duration::from_millis(100));
+        c.set_link(true);
+        // T1 and T2 write the key; Redis applies T1 then T2, the table T2 then T1.
+        let t1 = c.begin_write(7);
+        let t2 = c.begin_write(7);
+        assert!(!t2.may_keep(), "T1 still runs");
+        assert!(!t1.may_keep(), "T2 ended while T1 ran");
+        // Alone, a write keeps its copy.
+        assert!(c.begin_write(7).may_keep());
+        // One that started and ended while another ran is still seen.
+        let t3 = c.begin_write(7);
+        drop(c.begin_write(7 + SLOTS as u64));
+        assert!(!t3.may_keep());
+        // Another slot does not count.
+        let t4 = c.begin_write(7);
+        let t5 = c.begin_write(8);
+        assert!(t4.may_keep());
+        drop(t5);
     }
 
     #[test]

@@ -85,8 +85,10 @@ use redis_store::{AsyncStore, SyncStore, TierKeys};
 ///   [`max_shared_ttl`](RedisTierBuilder::max_shared_ttl) (one hour by default), which is
 ///   also the shared copy's lifetime for a cache without a TTL.
 ///
-/// Instances must share the key type, its `Hash` and the herdcache version (the channel names
-/// keys by a hash of them); the keys' hashes are seeded from the prefix, not at random.
+/// Instances must run the same build (key type, its `Hash`, herdcache and its hasher): the
+/// channel and the generations name keys by a hash of them, seeded from the prefix (not at
+/// random). The bound must exceed about four round trips to Redis (the link is pinged every
+/// quarter of it when quiet). Writes on a fleet cache make one blocking Redis round trip.
 ///
 /// # Failure modes
 /// - **Lock held too long** (a slow holder): the others load on their own once their wait
@@ -104,8 +106,10 @@ use redis_store::{AsyncStore, SyncStore, TierKeys};
 ///   skipped for [`retry_after`](RedisTierBuilder::retry_after); then it is tried again, so a
 ///   restarted Redis is used again without restarting anything. It is never a load error.
 ///   Meanwhile the link is down, so local copies live at most the bound. A write made while
-///   Redis cannot be reached changes only the local copy: other instances may serve the old
-///   shared value until it expires (at most `max_shared_ttl`).
+///   Redis cannot be reached changes only the local copy (counted in `shared_errors`): other
+///   instances may serve the old shared value until it expires (at most `max_shared_ttl`).
+/// - **A failover or a restore from a snapshot** may lose recent writes with the data they
+///   protected; a load in flight across it is refused rather than trusted.
 /// - **Redis restarted without persistence**: values, generations and epoch are gone
 ///   together; the counters start again from Redis's clock, past every value handed out
 ///   before, so no old stamp matches a new one.

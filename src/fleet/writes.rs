@@ -6,7 +6,7 @@ use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::coherence::{self, Heard};
+use super::coherence::{self, Heard, OwnWrite};
 use super::redis_store::Write;
 use super::{Keep, RedisTier, Seen};
 use crate::cache::Cache;
@@ -14,10 +14,11 @@ use crate::removal::RemovalCause;
 use crate::stats::Counter;
 use crate::table::{Decision, Outcome};
 
-/// A write this instance made through the tier, for the check after its local half.
-pub(crate) struct Written {
+/// A write this instance made through the tier, for the check after its local half (it
+/// counts as in progress until dropped).
+pub(crate) struct Written<'a> {
     pkey: u64,
-    seen: Seen,
+    own: OwnWrite<'a>,
     /// The longest the local copy may live (nanoseconds): the coherence bound while the link
     /// is down.
     pub(crate) cap: Option<u64>,
@@ -89,12 +90,10 @@ where
         key: Option<&K>,
         pkey: u64,
         value: Option<(&V, Option<u64>)>,
-    ) -> Option<Written> {
+    ) -> Option<Written<'_>> {
         let tier = self.inner.shared.as_ref()?;
-        let coherence = tier.coherence();
         // Our own loads of the key in flight must not install what they read before this.
-        coherence.heard_key(pkey);
-        let seen = coherence.before_load(pkey);
+        let own = tier.coherence().begin_write(pkey);
         let domain = &self.inner.domain;
         let count = |c| domain.pin().count(c);
         let ttl = value.and_then(|(_, t)| t).map(Duration::from_nanos);
@@ -103,7 +102,7 @@ where
             Keep::For(Some(bound)) => Some(crate::clock::duration_to_nanos(bound)),
             _ => None,
         };
-        Some(Written { pkey, seen, cap })
+        Some(Written { pkey, own, cap })
     }
 
     /// The tier's half of `invalidate_all`.
@@ -129,9 +128,12 @@ where
         }
     }
 
-    /// `recheck` for a write made by `write_through`.
-    pub(crate) fn recheck_write(&self, written: Written) {
-        self.recheck(written.pkey, written.seen);
+    /// `recheck` for a write made by `write_through`, which also drops the copy if another
+    /// write of the key on this instance overlapped it.
+    pub(crate) fn recheck_write(&self, written: Written<'_>) {
+        if !written.own.may_keep() && self.drop_local(written.pkey) {
+            self.inner.domain.pin().count(Counter::SharedStaleDropped);
+        }
     }
 
     /// Drops the local entry of the key with policy key `pkey` (a value, or a load in
