@@ -70,7 +70,8 @@ pub struct Stats {
     pub inserts: u64,
     /// Inserts that replaced a key's entry.
     pub updates: u64,
-    /// Entries removed by `invalidate` or `invalidate_all`.
+    /// Entries removed by `invalidate` or `invalidate_all` (on a fleet cache, also local copies
+    /// dropped for another instance's write; those are in `shared_stale_dropped` too).
     pub invalidations: u64,
     /// Entries removed to keep the cache within its capacity.
     pub evictions: u64,
