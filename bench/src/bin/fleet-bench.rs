@@ -99,60 +99,52 @@ fn main() {
             run: base.run,
             ..c
         };
-        let mut reports = Vec::new();
-        for &k in &instances {
+        let runs = instances.iter().map(|&k| {
             let s = CoherenceSettings {
                 instances: k,
                 ..base
             };
-            match coherence::run(&s, &server.url()) {
-                Ok(r) => reports.push(r),
-                Err(e) => {
-                    eprintln!("fleet-bench: {e}");
-                    std::process::exit(1);
-                }
-            }
-        }
-        if flags.has("--json") {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&reports).expect("reports serialise")
-            );
-        } else {
-            println!(
-                "{} writes/s, {} reads/s per reader instance, source load {:?}, coherence bound {:?}, {:?} per run\n",
-                base.writes, base.rate, base.load, base.bound, base.run
-            );
-            print!("{}", coherence::table(&reports));
-        }
+            coherence::run(&s, &server.url())
+        });
+        let header = format!(
+            "{} writes/s, {} reads/s per reader instance, source load {:?}, coherence bound {:?}, {:?} per run",
+            base.writes, base.rate, base.load, base.bound, base.run
+        );
+        print_reports(runs, flags.has("--json"), &header, coherence::table);
         return;
     }
-    let mut reports = Vec::new();
-    for &k in &instances {
+    let runs = instances.iter().flat_map(|&k| {
         let s = FleetSettings {
             instances: k,
             ..base
         };
-        for url in [None, Some(server.url())] {
-            match fleet::run(&s, url.as_deref()) {
-                Ok(r) => reports.push(r),
-                Err(e) => {
-                    eprintln!("fleet-bench: {e}");
-                    std::process::exit(1);
-                }
-            }
-        }
-    }
-    if flags.has("--json") {
+        [None, Some(server.url())].map(move |url| fleet::run(&s, url.as_deref()))
+    });
+    let header = format!(
+        "{} readers x {} reads/s per instance, source load {:?}, TTL {:?}, {:?} per run",
+        base.readers, base.rate, base.load, base.ttl, base.run
+    );
+    print_reports(runs, flags.has("--json"), &header, fleet::table);
+}
+
+/// Collects the runs (exiting on the first failure) and prints them as JSON or as a table.
+fn print_reports<R: serde::Serialize>(
+    runs: impl Iterator<Item = Result<R, String>>,
+    json: bool,
+    header: &str,
+    table: fn(&[R]) -> String,
+) {
+    let reports: Vec<R> = runs.collect::<Result<_, String>>().unwrap_or_else(|e| {
+        eprintln!("fleet-bench: {e}");
+        std::process::exit(1);
+    });
+    if json {
         println!(
             "{}",
             serde_json::to_string_pretty(&reports).expect("reports serialise")
         );
     } else {
-        println!(
-            "{} readers x {} reads/s per instance, source load {:?}, TTL {:?}, {:?} per run\n",
-            base.readers, base.rate, base.load, base.ttl, base.run
-        );
-        print!("{}", fleet::table(&reports));
+        println!("{header}\n");
+        print!("{}", table(&reports));
     }
 }
