@@ -107,13 +107,12 @@ where
     ) -> Result<Self, crate::BuildError> {
         // Random, unless instances of a fleet must agree on them: the tier's channel names
         // keys by their policy key.
+        let random = || foldhash::fast::RandomState::default().hash_one(0u64);
         #[cfg(feature = "redis")]
-        let fleet_seed = shared.as_ref().map(|t| t.pkey_seed());
+        let pkey_seed = shared.as_ref().map_or_else(random, |t| t.pkey_seed());
         #[cfg(not(feature = "redis"))]
-        let fleet_seed = None;
-        let pkeys = foldhash::fast::FixedState::with_seed(
-            fleet_seed.unwrap_or_else(|| foldhash::fast::RandomState::default().hash_one(0u64)),
-        );
+        let pkey_seed = random();
+        let pkeys = foldhash::fast::FixedState::with_seed(pkey_seed);
         let seed = pkeys.hash_one(0x5eed_u64);
         let table = Table::try_with_capacity(settings.initial_capacity).ok_or(
             crate::BuildError::Invalid {
@@ -215,6 +214,9 @@ where
     ///
     /// An insert wins over a load of the same key in progress: the load's result still goes to
     /// its waiters but is not cached.
+    ///
+    /// With a shared tier (`CacheBuilder::shared_tier`, feature `redis`), the value is written
+    /// there first (one Redis round trip), and every other instance drops its copy.
     pub fn insert(&self, key: K, value: V) {
         self.insert_for(key, value, self.inner.time_to_live);
     }
@@ -253,9 +255,9 @@ where
     /// A load of the key in progress is detached: its result still goes to its waiters but
     /// is not cached. ([`forget`](Self::forget) instead wakes the waiters to load afresh.)
     ///
-    /// With a [shared tier](crate::CacheBuilder::shared_tier), the key is invalidated there
-    /// too, and every instance drops its copy (see the tier's
-    /// [coherence](crate::fleet::RedisTier#coherence)).
+    /// With a shared tier (`CacheBuilder::shared_tier`, feature `redis`), the key is
+    /// invalidated there too, and every instance drops its copy (see "Coherence" under
+    /// `fleet::RedisTier`).
     pub fn invalidate<Q>(&self, key: &Q) -> bool
     where
         K: Borrow<Q>,
@@ -281,7 +283,7 @@ where
     }
 
     /// Removes every entry (detaching loads in progress). Entries inserted while this runs may
-    /// or may not survive it. With a [shared tier](crate::CacheBuilder::shared_tier), every
+    /// or may not survive it. With a shared tier (`CacheBuilder::shared_tier`), every
     /// value in the tier (under its prefix) is invalidated too, and every instance clears its
     /// copies.
     pub fn invalidate_all(&self) {
