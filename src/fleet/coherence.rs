@@ -8,8 +8,8 @@
 //!   before reading the tier, installs, then looks again; if a write of a key in that slot
 //!   was heard meanwhile it drops what it installed (the handler, for its part, bumps the slot
 //!   before it drops, so one of the two always sees the other);
-//! - a link that dies silently: the subscriber pings when the channel is quiet, and a link
-//!   that does not answer within half the bound is lost;
+//! - a link that dies silently: the subscriber pings when the channel is quiet for a quarter
+//!   of the bound, and a link that does not answer within another half is lost;
 //! - writes missed while the link was down: when it is lost every local copy is dropped, and
 //!   until it is back a copy is kept at most the bound.
 
@@ -297,8 +297,6 @@ impl Link {
         if pubsub.subscribe(&self.channel).is_err() {
             return Listened::NeverUp;
         }
-        // From here the link must answer within a quarter of the bound: quiet for that long,
-        // it is pinged, and the ping must come back within another quarter.
         let quiet = (self.coherence.bound / 4).max(Duration::from_millis(1));
         if pubsub.set_read_timeout(Some(quiet)).is_err() {
             return Listened::NeverUp;
@@ -316,8 +314,14 @@ impl Link {
                         }
                     }
                 }
+                // Quiet for a quarter of the bound: the ping must come back within half of
+                // it, so a link that died just after its last word is found lost within three
+                // quarters of the bound, and its copies are dropped within the bound.
                 Err(e) if e.is_timeout() => {
-                    if pubsub.ping::<redis::Value>().is_err() {
+                    let answered = pubsub.set_read_timeout(Some(2 * quiet)).is_ok()
+                        && pubsub.ping::<redis::Value>().is_ok()
+                        && pubsub.set_read_timeout(Some(quiet)).is_ok();
+                    if !answered {
                         break true;
                     }
                     if !(self.on_heard)(Heard::Quiet, Duration::ZERO) {

@@ -78,8 +78,8 @@ use redis_store::{AsyncStore, SyncStore, TierKeys};
 ///   key another instance wrote, within the network's delay; a load of that key running on
 ///   the instance at that moment drops what it installs.
 /// - The link is watched: when the channel is quiet for a quarter of the bound, the
-///   subscriber pings, and a link that does not answer within another quarter is lost. The
-///   instance then cannot know what it missed: it drops every local copy at once and, until
+///   subscriber pings, and a link that does not answer within another half of the bound is
+///   lost. The instance then cannot know what it missed: it drops every local copy at once and, until
 ///   it is subscribed again, keeps what it loads at most the bound.
 /// - No shared value lives forever: each is written with the cache's TTL, at most
 ///   [`max_shared_ttl`](RedisTierBuilder::max_shared_ttl) (one hour by default), which is
@@ -87,8 +87,9 @@ use redis_store::{AsyncStore, SyncStore, TierKeys};
 ///
 /// Instances must run the same build (key type, its `Hash`, herdcache and its hasher): the
 /// channel and the generations name keys by a hash of them, seeded from the prefix (not at
-/// random). The bound must exceed about four round trips to Redis (the link is pinged every
-/// quarter of it when quiet). Writes on a fleet cache make one blocking Redis round trip.
+/// random). Keep the bound well above twice the round trip to Redis plus the host's
+/// scheduling delays: a ping unanswered within half of it counts as a lost link, which clears
+/// the instance's copies. Writes on a fleet cache make one blocking Redis round trip.
 ///
 /// # Failure modes
 /// - **Lock held too long** (a slow holder): the others load on their own once their wait
