@@ -345,6 +345,10 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "reads the wall clock, which Miri isolates; no unsafe code"
+    )]
     fn an_instance_skips_its_own_messages_and_reads_the_others() {
         let (a, b) = (
             Coherence::new(Duration::from_millis(100)),

@@ -345,6 +345,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     #[test]
+    #[cfg_attr(miri, ignore = "a model check of thousands of interleavings, no unsafe code")]
     fn no_read_is_older_than_the_last_write_beyond_an_undelivered_broadcast(
         ops in proptest::collection::vec(op(), 1..60)
     ) {
