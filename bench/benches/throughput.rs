@@ -5,7 +5,11 @@
 //! - `read_uniform`, `read_zipf1`, `read_hot_key`: 100k preloaded `u64` keys, every read a hit;
 //! - `mixed_90_10`: 90% reads and 10% inserts of Zipf(1.0) keys over 1M, capacity 100k, so
 //!   inserts evict (bounded caches only);
-//! - `insert_churn`: inserts of keys never seen before at capacity 100k (bounded caches only).
+//! - `insert_churn`: inserts of keys never seen before at capacity 100k (bounded caches only);
+//! - `cache_aside`: a `get` of a Zipf(1.0) key over 1M, and an `insert` of it on a miss, at
+//!   capacity 100k (bounded caches only). Each cache's hit ratio over the measured runs is
+//!   written beside criterion's results, to `target/criterion/cache_aside/hit_ratio.tsv`
+//!   (cache, threads, hit ratio), where `bench-report` reads it.
 //!
 //! Threads: `HERDCACHE_BENCH_THREADS` (comma-separated, default `1,2`). std's `HashMap` runs
 //! single-threaded only, as the floor for a read. Run:
@@ -51,6 +55,7 @@ enum Op {
     Read(Distribution),
     Mixed,
     Churn,
+    CacheAside,
 }
 
 /// Long-lived worker threads (as in a service), each with its key sequence, that run
@@ -60,6 +65,9 @@ struct Workers {
     start: Arc<Barrier>,
     done: Arc<Barrier>,
     iters: Arc<AtomicU64>,
+    /// Reads and hits of every run so far (cache-aside only).
+    reads: Arc<AtomicU64>,
+    hits: Arc<AtomicU64>,
 }
 
 /// `iters` value that tells the workers to exit.
@@ -70,14 +78,19 @@ impl Workers {
         let start = Arc::new(Barrier::new(threads + 1));
         let done = Arc::new(Barrier::new(threads + 1));
         let iters = Arc::new(AtomicU64::new(0));
+        let reads = Arc::new(AtomicU64::new(0));
+        let hits = Arc::new(AtomicU64::new(0));
         let handles = (0..threads)
             .map(|t| {
                 let (cache, start, done, iters) =
                     (cache.clone(), start.clone(), done.clone(), iters.clone());
+                let (reads, hits) = (reads.clone(), hits.clone());
                 let seed = 0x5EED + t as u64;
                 let seq = match op {
                     Op::Read(d) => keys(d, PRELOADED, SEQUENCE, seed),
-                    Op::Mixed => keys(Distribution::Zipf(1.0), MIXED_KEYS, SEQUENCE, seed),
+                    Op::Mixed | Op::CacheAside => {
+                        keys(Distribution::Zipf(1.0), MIXED_KEYS, SEQUENCE, seed)
+                    }
                     Op::Churn => Vec::new(),
                 };
                 std::thread::spawn(move || {
@@ -103,6 +116,15 @@ impl Workers {
                                         }
                                     }
                                 }
+                                Op::CacheAside => {
+                                    for &k in &seq[at..at + BATCH] {
+                                        if cache.get(k).is_some() {
+                                            found += 1;
+                                        } else {
+                                            cache.insert(k, k);
+                                        }
+                                    }
+                                }
                                 Op::Churn => {
                                     for _ in 0..BATCH {
                                         fresh += 1;
@@ -111,6 +133,10 @@ impl Workers {
                                 }
                             }
                             at = (at + BATCH) % SEQUENCE;
+                        }
+                        if let Op::CacheAside = op {
+                            reads.fetch_add(n * BATCH as u64, Ordering::Relaxed);
+                            hits.fetch_add(found, Ordering::Relaxed);
                         }
                         black_box(found);
                         done.wait();
@@ -123,7 +149,14 @@ impl Workers {
             start,
             done,
             iters,
+            reads,
+            hits,
         }
+    }
+
+    /// Hits per read over every run so far (cache-aside).
+    fn hit_ratio(&self) -> f64 {
+        self.hits.load(Ordering::Relaxed) as f64 / self.reads.load(Ordering::Relaxed).max(1) as f64
     }
 
     /// Runs `iters` batches on every worker; the time until the last one finishes.
@@ -147,17 +180,17 @@ impl Drop for Workers {
 }
 
 fn bench_one<C: BenchCache>(g: &mut BenchmarkGroup<'_, WallTime>, op: Op, threads: &[usize]) {
-    if matches!(op, Op::Mixed | Op::Churn) && !C::BOUNDED {
+    if matches!(op, Op::Mixed | Op::Churn | Op::CacheAside) && !C::BOUNDED {
         return;
     }
     // Read workloads leave room to spare (sharded caches such as quick_cache bound each shard,
     // so a cache sized exactly to the keys would already evict some); the others evict.
     let capacity = match op {
         Op::Read(_) => 2 * PRELOADED as usize,
-        Op::Mixed | Op::Churn => CAPACITY,
+        Op::Mixed | Op::Churn | Op::CacheAside => CAPACITY,
     };
     let cache = Arc::new(C::with_capacity(capacity));
-    if let Op::Read(_) | Op::Mixed = op {
+    if let Op::Read(_) | Op::Mixed | Op::CacheAside = op {
         for k in 0..PRELOADED {
             cache.insert(k, k);
         }
@@ -176,6 +209,39 @@ fn bench_one<C: BenchCache>(g: &mut BenchmarkGroup<'_, WallTime>, op: Op, thread
         g.bench_with_input(BenchmarkId::new(C::NAME, t), &t, |b, _| {
             b.iter_custom(|iters| workers.run(iters))
         });
+        if let Op::CacheAside = op {
+            record_hit_ratio(C::NAME, t, workers.hit_ratio());
+        }
+    }
+}
+
+/// Appends a cache-aside hit ratio to `target/criterion/cache_aside/hit_ratio.tsv`,
+/// replacing an earlier line of the same cache and thread count.
+fn record_hit_ratio(cache: &str, threads: usize, ratio: f64) {
+    let dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("..")
+                .join("target")
+        })
+        .join("criterion")
+        .join("cache_aside");
+    let path = dir.join("hit_ratio.tsv");
+    let old = std::fs::read_to_string(&path).unwrap_or_default();
+    let prefix = format!("{cache}\t{threads}\t");
+    let mut text: String = old
+        .lines()
+        .filter(|l| !l.starts_with(&prefix))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    text.push_str(&format!("{prefix}{ratio:.4}\n"));
+    eprintln!(
+        "cache_aside: {cache} at {threads} thread(s): hit ratio {:.1}%",
+        ratio * 100.0
+    );
+    if let Err(e) = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, text)) {
+        eprintln!("cache_aside: could not write {}: {e}", path.display());
     }
 }
 
@@ -213,6 +279,7 @@ fn main() {
         ("read_hot_key", Op::Read(Distribution::HotKey)),
         ("mixed_90_10", Op::Mixed),
         ("insert_churn", Op::Churn),
+        ("cache_aside", Op::CacheAside),
     ];
     for (name, op) in workloads {
         let mut g = c.benchmark_group(name);

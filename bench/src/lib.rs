@@ -13,6 +13,7 @@ pub mod caches;
 pub mod coherence;
 pub mod fleet;
 pub mod hitratio;
+pub mod memory;
 pub mod opt;
 pub mod stampede;
 pub mod svg;

@@ -19,10 +19,14 @@ use herdcache_bench::args::{exit_usage, Flags};
 use herdcache_bench::coherence::{self, CoherenceReport, CoherenceSettings};
 use herdcache_bench::fleet::{self, FleetReport, FleetSettings, RedisServer};
 use herdcache_bench::hitratio::{self, Cell, POLICIES};
+use herdcache_bench::memory::{self, Footprint};
 use herdcache_bench::stampede::{self, Config, Report, Settings};
 use herdcache_bench::{svg, trace};
 
 const USAGE: &str = "bench-report [--out DIR] [--seconds S] [--traces DIR]";
+
+/// Entries per cache in the memory section.
+const MEMORY_ENTRIES: u64 = 1_000_000;
 
 /// One criterion measurement: workload, cache, threads, operations per second.
 #[derive(Debug, Clone)]
@@ -81,7 +85,7 @@ fn one_result(new: &Path) -> Option<Throughput> {
     })
 }
 
-const WORKLOADS: [(&str, &str); 5] = [
+const WORKLOADS: [(&str, &str); 6] = [
     ("read_uniform", "100k keys, uniform reads, all hits"),
     ("read_zipf1", "100k keys, Zipf(1.0) reads, all hits"),
     ("read_hot_key", "one hot key, all hits"),
@@ -90,6 +94,10 @@ const WORKLOADS: [(&str, &str); 5] = [
         "90% reads / 10% inserts, Zipf(1.0) over 1M keys, capacity 100k",
     ),
     ("insert_churn", "inserts of new keys at capacity 100k"),
+    (
+        "cache_aside",
+        "get, and insert on a miss, Zipf(1.0) over 1M keys, capacity 100k",
+    ),
 ];
 
 const CACHE_ORDER: [&str; 10] = [
@@ -115,7 +123,27 @@ fn mops(v: Option<f64>) -> String {
     v.map_or("–".into(), |v| format!("{:.1}", v / 1e6))
 }
 
-fn throughput_section(t: &[Throughput], out_dir: &Path, md: &mut String) {
+/// The cache-aside hit ratios the throughput bench wrote: (cache, threads) → ratio.
+fn cache_aside_hit_ratios(criterion: &Path) -> BTreeMap<(String, usize), f64> {
+    let text = std::fs::read_to_string(criterion.join("cache_aside").join("hit_ratio.tsv"))
+        .unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let mut it = l.split('\t');
+            let cache = it.next()?.to_owned();
+            let threads = it.next()?.parse().ok()?;
+            let ratio = it.next()?.parse().ok()?;
+            Some(((cache, threads), ratio))
+        })
+        .collect()
+}
+
+fn throughput_section(
+    t: &[Throughput],
+    hit_ratios: &BTreeMap<(String, usize), f64>,
+    out_dir: &Path,
+    md: &mut String,
+) {
     let _ = writeln!(md, "## Throughput\n");
     if t.is_empty() {
         let _ = writeln!(
@@ -154,11 +182,28 @@ fn throughput_section(t: &[Throughput], out_dir: &Path, md: &mut String) {
             let _ = write!(head, " {n} thread{} |", if *n == 1 { "" } else { "s" });
             rule += " ---: |";
         }
+        let with_ratio = w == "cache_aside";
+        if with_ratio {
+            for n in &threads {
+                let _ = write!(head, " hit ratio, {n} thr. |");
+                rule += " ---: |";
+            }
+        }
         let _ = writeln!(md, "{head}\n{rule}");
         for c in &present {
             let mut row = format!("| {} |", c.replace('<', "&lt;").replace('>', "&gt;"));
             for &n in &threads {
                 let _ = write!(row, " {} |", mops(lookup(t, w, c, n)));
+            }
+            if with_ratio {
+                for &n in &threads {
+                    let r = hit_ratios.get(&(c.to_string(), n));
+                    let _ = write!(
+                        row,
+                        " {} |",
+                        r.map_or("–".into(), |r| format!("{:.1}%", r * 100.0))
+                    );
+                }
             }
             let _ = writeln!(md, "{row}");
         }
@@ -245,6 +290,37 @@ fn targets(t: &[Throughput], threads: &[usize], md: &mut String) {
             10.0,
         );
     }
+    for w in ["read_uniform", "read_hot_key"] {
+        row(
+            format!("`{w}`, 1 thread: herdcache `get` / quick_cache, ≥ 1"),
+            ratio(lookup(t, w, "herdcache", 1), lookup(t, w, "quick_cache", 1)),
+            1.0,
+        );
+    }
+    for w in ["insert_churn", "mixed_90_10", "cache_aside"] {
+        for &n in threads {
+            let best = ["quick_cache", "moka", "Mutex<LruCache>"]
+                .iter()
+                .filter_map(|c| lookup(t, w, c, n))
+                .reduce(f64::max);
+            row(
+                format!(
+                    "`{w}`, {n} threads: herdcache / the best of quick_cache, moka and \
+                     `Mutex<LruCache>`, ≥ 1"
+                ),
+                ratio(lookup(t, w, "herdcache", n), best),
+                1.0,
+            );
+        }
+    }
+    row(
+        "`insert_churn`, herdcache: 2 threads / 1 thread, > 1".into(),
+        ratio(
+            lookup(t, "insert_churn", "herdcache", 2),
+            lookup(t, "insert_churn", "herdcache", 1),
+        ),
+        1.0001,
+    );
     for c in ["herdcache", "herdcache (pin per batch)"] {
         row(
             format!("`read_hot_key`, {c}: 2 threads / 1 thread, ≥ 1.8"),
@@ -265,6 +341,35 @@ fn targets(t: &[Throughput], threads: &[usize], md: &mut String) {
         ),
         1.0 / 1.5,
     );
+    let _ = writeln!(md);
+}
+
+fn memory_section(memory: &[(&str, Option<Footprint>)], entries: u64, md: &mut String) {
+    let _ = writeln!(md, "## Memory\n");
+    let _ = writeln!(
+        md,
+        "Bytes per resident entry, less is better: each cache filled with {entries} `u64 → u64` \
+         entries (capacity {entries}) in a process of its own, the growth of the resident set \
+         divided by the entries still held (`cargo run --release -p herdcache-bench --bin \
+         memory`; median of three processes). The resident set counts what the allocator \
+         keeps, freed or not: a table that grew by doubling still holds its last growth's \
+         slack.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| cache | entries held | bytes per entry |\n| --- | ---: | ---: |"
+    );
+    for (name, f) in memory {
+        let name = name.replace('<', "&lt;").replace('>', "&gt;");
+        match f {
+            Some(f) => {
+                let _ = writeln!(md, "| {name} | {} | {:.1} |", f.resident, f.per_entry());
+            }
+            None => {
+                let _ = writeln!(md, "| {name} | – | – |");
+            }
+        }
+    }
     let _ = writeln!(md);
 }
 
@@ -554,8 +659,22 @@ fn versions() -> String {
 
 fn main() {
     fleet::child_main_if_requested();
-    let flags = Flags::parse(&["--out", "--seconds", "--traces"], &["--help"])
-        .unwrap_or_else(|e| exit_usage(&e, USAGE));
+    let flags = Flags::parse(
+        &["--out", "--seconds", "--traces", "--one", "--entries"],
+        &["--help"],
+    )
+    .unwrap_or_else(|e| exit_usage(&e, USAGE));
+    // A child process of the memory section: measures one configuration.
+    if let Some(name) = flags.raw("--one").first() {
+        let entries = flags
+            .get("--entries", MEMORY_ENTRIES)
+            .unwrap_or_else(|e| exit_usage(&e, USAGE));
+        match memory::measure(name, entries) {
+            Ok(f) => println!("{}", f.to_line()),
+            Err(e) => exit_usage(&e, USAGE),
+        }
+        return;
+    }
     if flags.has("--help") {
         exit_usage("", USAGE);
     }
@@ -579,7 +698,12 @@ fn main() {
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace().join("target"));
     let throughput = criterion_results(&target.join("criterion"));
+    let hit_ratios = cache_aside_hit_ratios(&target.join("criterion"));
     eprintln!("throughput: {} criterion results", throughput.len());
+
+    eprintln!("memory: {MEMORY_ENTRIES} entries per cache, each in a fresh process");
+    let exe = std::env::current_exe().expect("the report's own path");
+    let footprints = memory::median_footprints(&exe, MEMORY_ENTRIES, 3);
 
     eprintln!(
         "stampedes: {} configurations, {secs} s each",
@@ -654,7 +778,8 @@ fn main() {
         machine(),
         versions()
     );
-    throughput_section(&throughput, &out_dir, &mut md);
+    throughput_section(&throughput, &hit_ratios, &out_dir, &mut md);
+    memory_section(&footprints, MEMORY_ENTRIES, &mut md);
     stampede_section(&reports, &settings, &out_dir, &mut md);
     fleet_section(&fleet_reports, &out_dir, &mut md);
     coherence_section(&coherence_reports, &out_dir, &mut md);
