@@ -34,6 +34,9 @@ const MIXED_KEYS: u64 = 1_000_000;
 const BATCH: usize = 1_024;
 /// Length of each thread's key sequence (cycled).
 const SEQUENCE: usize = 1 << 16;
+/// Length of a cache-aside thread's sequence: long enough to hold several times the
+/// capacity in distinct keys, so that the cache misses and evicts as a service's would.
+const LONG_SEQUENCE: usize = 1 << 21;
 
 fn thread_counts() -> Vec<usize> {
     let spec = std::env::var("HERDCACHE_BENCH_THREADS").unwrap_or_else(|_| "1,2".into());
@@ -88,8 +91,9 @@ impl Workers {
                 let seed = 0x5EED + t as u64;
                 let seq = match op {
                     Op::Read(d) => keys(d, PRELOADED, SEQUENCE, seed),
-                    Op::Mixed | Op::CacheAside => {
-                        keys(Distribution::Zipf(1.0), MIXED_KEYS, SEQUENCE, seed)
+                    Op::Mixed => keys(Distribution::Zipf(1.0), MIXED_KEYS, SEQUENCE, seed),
+                    Op::CacheAside => {
+                        keys(Distribution::Zipf(1.0), MIXED_KEYS, LONG_SEQUENCE, seed)
                     }
                     Op::Churn => Vec::new(),
                 };
@@ -132,7 +136,7 @@ impl Workers {
                                     }
                                 }
                             }
-                            at = (at + BATCH) % SEQUENCE;
+                            at = (at + BATCH) % seq.len().max(BATCH);
                         }
                         if let Op::CacheAside = op {
                             reads.fetch_add(n * BATCH as u64, Ordering::Relaxed);
