@@ -161,17 +161,20 @@ impl<K, V> SlotArray<K, V> {
         }
     }
 
-    /// Places `node` into the first free slot of its probe sequence. Used only to copy into a
-    /// migration's target, where no key can be present twice (each source slot is copied by
-    /// exactly one chunk owner) and no writer runs until the copy is complete, so no key
-    /// comparison, and thus no user code, is needed.
+    /// Places `node`, whose hash is `hash`, into the first free slot of its probe sequence.
+    /// Used only to copy into a migration's target, where no key can be present twice (each
+    /// source slot is copied by exactly one chunk owner) and no writer runs until the copy is
+    /// complete, so no key comparison, and thus no user code, is needed. The caller counts
+    /// the slot as claimed.
     ///
     /// Returns false if the array is full, which the sizing in [`Self::size_for`] rules out
     /// unless far more writers than that head room raced the start of the migration.
-    pub(crate) fn place_copy<'g>(&self, node: Shared<'g, Node<K, V>>, guard: &'g Guard) -> bool {
-        // SAFETY: the caller holds `guard` and read `node` from a live slot under it, so the
-        // node is not reclaimed before the guard is dropped.
-        let hash = unsafe { node.deref() }.hash;
+    pub(crate) fn place_copy<'g>(
+        &self,
+        node: Shared<'g, Node<K, V>>,
+        hash: u64,
+        guard: &'g Guard,
+    ) -> bool {
         for i in super::probe::Probe::new(hash, self.mask) {
             if self.tags[i].load(Ordering::Relaxed) != TAG_EMPTY {
                 continue;
@@ -188,7 +191,6 @@ impl<K, V> SlotArray<K, V> {
                 )
                 .is_ok()
             {
-                self.claimed.fetch_add(1, Ordering::Relaxed);
                 self.tags[i].store(super::node::tag_of(hash), Ordering::Release);
                 return true;
             }

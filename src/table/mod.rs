@@ -453,8 +453,15 @@ impl<K, V> Table<K, V> {
 
     /// Claims chunks of `from` until none is left, freezing each slot and copying its live
     /// node into `to`.
+    ///
+    /// A chunk is copied in three passes: freeze every slot, read the hashes of the nodes
+    /// found, place them. The freezes are locked instructions, which would wait for each
+    /// node's cache miss if the hash were read between them; read together, the misses
+    /// overlap.
     fn copy_chunks(&self, from: &SlotArray<K, V>, to: &SlotArray<K, V>, guard: &Guard) {
         let chunks = from.len().div_ceil(COPY_CHUNK);
+        let mut found: [(Shared<'_, Node<K, V>>, u64); COPY_CHUNK] =
+            [(Shared::null(), 0); COPY_CHUNK];
         loop {
             let chunk = from.copy_cursor.fetch_add(1, Ordering::Relaxed);
             if chunk >= chunks {
@@ -462,22 +469,38 @@ impl<K, V> Table<K, V> {
             }
             let start = chunk * COPY_CHUNK;
             let end = (start + COPY_CHUNK).min(from.len());
+            let mut live = 0;
             for i in start..end {
                 // AcqRel: Acquire makes the node's fields (its hash) visible to us; the
                 // freeze is ordered before our copy, so no writer can change the slot after
                 // we read it.
                 let p = from.slots[i].fetch_or(SlotBits::FROZEN, Ordering::AcqRel, guard);
-                if p.is_null() {
-                    continue; // empty or tombstone: nothing to carry over
+                if !p.is_null() {
+                    found[live].0 = p.with_tag(0);
+                    live += 1;
                 }
-                if !to.place_copy(p.with_tag(0), guard) {
+                // Empty or tombstone: nothing to carry over.
+            }
+            for (p, hash) in &mut found[..live] {
+                // SAFETY: read from a live slot under `guard`, so not reclaimed before the
+                // guard is dropped.
+                *hash = unsafe { p.deref() }.hash;
+            }
+            let mut placed = 0;
+            for &(p, hash) in &found[..live] {
+                if to.place_copy(p, hash, guard) {
+                    placed += 1;
+                } else {
                     // Unreachable with `size_for`'s head room; dropping the entry (an
                     // eviction, for a cache) is the safe answer if it ever happens.
                     self.len.fetch_sub(1, Ordering::Relaxed);
                     // SAFETY: frozen in `from` and placed nowhere else, so unlinked.
-                    unsafe { retire(p.with_tag(0), guard) };
+                    unsafe { retire(p, guard) };
                 }
             }
+            // Relaxed: the count steers when writers migrate again, which they do only after
+            // this migration completes (the Release below orders it before that).
+            to.claimed.fetch_add(placed, Ordering::Relaxed);
             // Release: publishes this chunk's copies to whoever sees the count complete.
             from.copied.fetch_add(end - start, Ordering::Release);
         }
