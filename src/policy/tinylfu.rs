@@ -10,9 +10,7 @@
 //! policy key (a seeded 64-bit hash of the key) and by the version of the write that put them
 //! in the table.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
+use super::index::Index;
 use super::sketch::Sketch;
 use super::window::{Resize, Served, Sizer};
 use super::EvictionPolicy;
@@ -66,7 +64,8 @@ struct PNode {
     pkey: u64,
     hash: u64,
     version: u64,
-    weight: u64,
+    /// At most `u32::MAX`: a weigher's answer (see `Write::weight`).
+    weight: u32,
     region: Region,
     /// In the main space without having won a duel, and not hit since (see `admit`).
     unchallenged: bool,
@@ -94,22 +93,10 @@ impl Default for List {
     }
 }
 
-/// Policy keys are already uniformly distributed: use them as they are.
-#[derive(Debug, Default)]
-pub(crate) struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
+/// A write's weight as a node stores it: the cache's weights come from a `u32` weigher, so
+/// nothing is lost; a larger one (only tests could make it) is held as `u32::MAX`.
+fn stored_weight(weight: u64) -> u32 {
+    u32::try_from(weight).unwrap_or(u32::MAX)
 }
 
 /// An entry the policy chose to evict: the caller removes it from the table if the table
@@ -147,7 +134,7 @@ pub(crate) type Probe<'a> = dyn FnMut(&Victim) -> Look + 'a;
 pub(crate) struct Core {
     nodes: Vec<PNode>,
     free: Vec<u32>,
-    index: HashMap<u64, u32, BuildHasherDefault<IdHasher>>,
+    index: Index,
     lists: [List; 3],
     sketch: Sketch,
     max: u64,
@@ -167,7 +154,7 @@ impl Core {
         let mut core = Core {
             nodes: Vec::new(),
             free: Vec::new(),
-            index: HashMap::default(),
+            index: Index::default(),
             lists: [List::default(); 3],
             sketch: Sketch::new(max.min(1 << 24) as usize, seed),
             max,
@@ -201,6 +188,12 @@ impl Core {
         self.lists.iter().map(|l| l.weight).sum()
     }
 
+    /// The capacity, in weight units.
+    #[cfg(test)]
+    pub(crate) fn max(&self) -> u64 {
+        self.max
+    }
+
     /// Entries held.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
@@ -210,9 +203,14 @@ impl Core {
     /// Whether the policy holds this write of the key (or a newer one).
     #[cfg(test)]
     pub(crate) fn holds(&self, pkey: u64) -> Option<u64> {
-        self.index
-            .get(&pkey)
-            .map(|&i| self.nodes[i as usize].version)
+        self.find(pkey).map(|i| self.nodes[i as usize].version)
+    }
+
+    /// The node of `pkey`, if tracked.
+    #[inline]
+    fn find(&self, pkey: u64) -> Option<u32> {
+        let nodes = &self.nodes;
+        self.index.get(pkey, |i| nodes[i as usize].pkey)
     }
 
     fn alloc(&mut self, node: PNode) -> u32 {
@@ -230,7 +228,8 @@ impl Core {
 
     fn release(&mut self, i: u32) {
         let pkey = self.nodes[i as usize].pkey;
-        self.index.remove(&pkey);
+        let nodes = &self.nodes;
+        self.index.remove(pkey, |i| nodes[i as usize].pkey);
         self.free.push(i);
     }
 
@@ -248,7 +247,7 @@ impl Core {
         }
         let list = &mut self.lists[region as usize];
         list.tail = i;
-        list.weight += self.nodes[i as usize].weight;
+        list.weight += u64::from(self.nodes[i as usize].weight);
     }
 
     /// Links `i` into `anchor`'s region just before `anchor` (more recent than all but it).
@@ -268,7 +267,7 @@ impl Core {
             NIL => self.lists[region as usize].head = i,
             p => self.nodes[p as usize].next = i,
         }
-        self.lists[region as usize].weight += self.nodes[i as usize].weight;
+        self.lists[region as usize].weight += u64::from(self.nodes[i as usize].weight);
     }
 
     fn unlink(&mut self, i: u32) {
@@ -276,13 +275,13 @@ impl Core {
             let n = &mut self.nodes[i as usize];
             let zoned = std::mem::take(&mut n.zoned);
             if zoned {
-                self.zone_weight -= n.weight;
+                self.zone_weight -= u64::from(n.weight);
                 if self.zone_end == i {
                     // The zone is a prefix: the entry before it is in the zone too, or none.
                     self.zone_end = n.prev;
                 }
             }
-            (n.prev, n.next, n.region, n.weight)
+            (n.prev, n.next, n.region, u64::from(n.weight))
         };
         match prev {
             NIL => self.lists[region as usize].head = next,
@@ -363,7 +362,7 @@ impl Core {
             }
             let n = &mut self.nodes[next as usize];
             n.zoned = true;
-            self.zone_weight += n.weight;
+            self.zone_weight += u64::from(n.weight);
             self.zone_end = next;
         }
     }
@@ -479,7 +478,7 @@ impl Core {
                 continue;
             }
             let main_max = self.max - self.window_max;
-            let cw = self.nodes[c as usize].weight;
+            let cw = u64::from(self.nodes[c as usize].weight);
             let mut dueled = false;
             loop {
                 if self.main_weight() + cw <= main_max {
@@ -581,16 +580,16 @@ impl EvictionPolicy for Core {
         // every entry ends them; the bound also covers hits arriving meanwhile.
         let mut budget = 2 * self.index.len() + 16;
         self.sketch.increment(pkey);
-        let newest = match self.index.get(&pkey) {
-            Some(&i) => {
+        let newest = match self.find(pkey) {
+            Some(i) => {
                 let n = &mut self.nodes[i as usize];
                 if n.version > version {
                     return; // an older write, reported late: the newer one stands
                 }
                 n.version = version;
                 n.hash = hash;
-                let (region, old) = (n.region, n.weight);
-                n.weight = weight;
+                let (region, old) = (n.region, u64::from(n.weight));
+                n.weight = stored_weight(weight);
                 if n.zoned {
                     self.zone_weight = self.zone_weight - old + weight;
                 }
@@ -604,14 +603,15 @@ impl EvictionPolicy for Core {
                     pkey,
                     hash,
                     version,
-                    weight,
+                    weight: stored_weight(weight),
                     region: Region::Window,
                     unchallenged: false,
                     zoned: false,
                     prev: NIL,
                     next: NIL,
                 });
-                self.index.insert(pkey, i);
+                let nodes = &self.nodes;
+                self.index.insert(pkey, i, |i| nodes[i as usize].pkey);
                 self.push(i, Region::Window);
                 let resize = self.sizer.new_key(pkey, weight, served);
                 self.resize(resize, probe, &mut budget);
@@ -628,7 +628,7 @@ impl EvictionPolicy for Core {
 
     /// The table no longer holds the key's write `version` (nor, then, any older one).
     fn remove(&mut self, pkey: u64, version: u64) {
-        if let Some(&i) = self.index.get(&pkey) {
+        if let Some(i) = self.find(pkey) {
             if self.nodes[i as usize].version <= version {
                 self.unlink(i);
                 self.release(i);
@@ -637,7 +637,7 @@ impl EvictionPolicy for Core {
     }
 
     fn hash_of(&self, pkey: u64) -> Option<u64> {
-        self.index.get(&pkey).map(|&i| self.nodes[i as usize].hash)
+        self.find(pkey).map(|i| self.nodes[i as usize].hash)
     }
 }
 
@@ -645,6 +645,7 @@ impl EvictionPolicy for Core {
 mod tests {
     use super::*;
     use crate::policy::window::Requests;
+    use std::collections::HashMap;
 
     /// Hits recorded in the test's "entries", reported (and reset) at a look, and the
     /// lookups served (a hit per `hit`, a miss per write).
