@@ -123,7 +123,7 @@ where
         Ok(Cache {
             inner: Arc::new(Inner {
                 table,
-                policy: Policy::new(settings.max_capacity as u64, seed),
+                policy: Policy::new(settings.max_capacity as u64, seed, hooks.weigher.is_some()),
                 pkeys,
                 hooks,
                 hasher,
@@ -354,10 +354,14 @@ where
         delta: u64,
         failures: u32,
     ) -> Entry<V> {
-        let refresh = self
-            .inner
-            .refresh
-            .state(self.now(), expires_at, delta, failures);
+        // Without a refresh rule: no plan, and no clock read for one.
+        let refresh = self.inner.refresh.active().then(|| {
+            Box::new(
+                self.inner
+                    .refresh
+                    .state(self.now(), expires_at, delta, failures),
+            )
+        });
         Entry::ready(self.next_version(), pkey, value, expires_at, refresh)
     }
 

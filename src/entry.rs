@@ -62,7 +62,20 @@ pub(crate) struct Ready<V> {
     pub(crate) value: V,
     /// Hard expiry in clock nanoseconds, or [`NEVER`].
     pub(crate) expires_at: u64,
-    pub(crate) refresh: RefreshState,
+    /// The refresh plan, out of line: present only when the cache has a refresh rule
+    /// (`refresh_after`, `xfetch`), so that a cache without one stores a pointer's width
+    /// for it and allocates nothing.
+    pub(crate) refresh: Option<Box<RefreshState>>,
+}
+
+impl<V> Ready<V> {
+    /// The load-time estimate and the failed refreshes behind this value (none without a
+    /// refresh rule, which is the only reader of either).
+    pub(crate) fn history(&self) -> (u64, u32) {
+        self.refresh
+            .as_ref()
+            .map_or((0, 0), |r| (r.delta, r.failures))
+    }
 }
 
 impl<V> Entry<V> {
@@ -71,7 +84,7 @@ impl<V> Entry<V> {
         pkey: u64,
         value: V,
         expires_at: u64,
-        refresh: RefreshState,
+        refresh: Option<Box<RefreshState>>,
     ) -> Self {
         Self::with_kind(
             version,

@@ -425,21 +425,23 @@ where
                     let Kind::Ready(r) = &entry.kind else {
                         return Step::Done(Ok(v.clone()));
                     };
-                    let due = self.inner.refresh.active()
-                        && self.inner.refresh.due(
-                            &r.refresh,
-                            now.get(),
-                            r.expires_at,
-                            crate::rng::unit_open_closed,
-                        );
-                    if !due || !r.refresh.try_claim() {
+                    let Some(plan) = r.refresh.as_deref() else {
+                        return Step::Done(Ok(v.clone()));
+                    };
+                    let due = self.inner.refresh.due(
+                        plan,
+                        now.get(),
+                        r.expires_at,
+                        crate::rng::unit_open_closed,
+                    );
+                    if !due || !plan.try_claim() {
                         return Step::Done(Ok(v.clone()));
                     }
-                    claimed = Some(&r.refresh);
+                    claimed = Some(plan);
                 }
                 match &entry.kind {
                     Kind::Ready(r) => {
-                        history = (r.refresh.delta, r.refresh.failures);
+                        history = r.history();
                         replaced = Some((r.value.clone(), r.expires_at));
                     }
                     Kind::Loading(flight) => {

@@ -169,7 +169,7 @@ where
 
     /// Tells the policy that the table no longer holds `entry` (removed by the caller).
     pub(crate) fn forget_in_policy(&self, pkey: u64, version: u64) {
-        self.inner.policy.with(|p| p.remove(pkey, version));
+        self.inner.policy.with(pkey, |p| p.remove(pkey, version));
     }
 
     /// An entry the caller removed from the table: the policy forgets it, it is counted, and
@@ -203,66 +203,68 @@ where
         // is collected (and nothing allocated).
         let listening = self.inner.hooks.listener.is_some();
         let mut evicted: Vec<(&Node<K, Entry<V>>, RemovalCause)> = Vec::new();
-        self.inner.policy.with_scratch(|policy, victims| {
-            // Only a write the table still holds is tracked; a later write (or a removal)
-            // reports itself under this lock after us. The node cannot have been freed and
-            // its address reused: our guard has been held since it was published.
-            let current = table.get_node(node.hash, |n| std::ptr::eq(n, node), guard);
-            if !current.is_some_and(|c| std::ptr::eq(c, node)) {
-                return;
-            }
-            let entry = &node.value;
-            let now = OnceNow::new(&self.inner.clock);
-            // Nodes are matched by the policy key they store, never by hashing or comparing
-            // keys: no user code runs under the policy's lock.
-            let mut probe =
-                |v: &Victim| match table.get_node(v.hash, |n| n.value.pkey == v.pkey, guard) {
-                    Some(n) => Look {
-                        hits: n.value.policy.take_hits(),
-                        expired: n.value.is_expired(|| now.get()),
-                    },
-                    None => Look::default(),
-                };
-            let write = Write {
-                pkey: entry.pkey,
-                hash: node.hash,
-                version: entry.version,
-                weight,
-            };
-            let counters = self.inner.domain.counters();
-            policy.write(write, victims, &mut probe, &|| counters.requests());
-            for v in victims.iter() {
-                // The victim's write, or an older one it replaced, never a load in progress
-                // or a newer write (that one reports itself, and the policy tracks it anew).
-                let outcome = table.update_node(
-                    v.hash,
-                    |n| n.value.pkey == v.pkey,
-                    None,
-                    |cur| match cur {
-                        Some(n) if n.value.is_tracked() && n.value.version <= v.version => {
-                            Decision::Remove
-                        }
-                        _ => Decision::Keep,
-                    },
-                    guard,
-                );
-                if let Outcome::Removed(old) = outcome {
-                    let cause = if v.pkey == write.pkey && v.version == write.version {
-                        pinned.count(Counter::Evictions);
-                        RemovalCause::Oversized
-                    } else if old.value.is_expired(|| now.get()) {
-                        pinned.count(Counter::Expirations);
-                        RemovalCause::Expired
-                    } else {
-                        pinned.count(Counter::Evictions);
-                        RemovalCause::Size
+        self.inner
+            .policy
+            .with_scratch(node.value.pkey, |policy, victims| {
+                // Only a write the table still holds is tracked; a later write (or a removal)
+                // reports itself under this lock after us. The node cannot have been freed and
+                // its address reused: our guard has been held since it was published.
+                let current = table.get_node(node.hash, |n| std::ptr::eq(n, node), guard);
+                if !current.is_some_and(|c| std::ptr::eq(c, node)) {
+                    return;
+                }
+                let entry = &node.value;
+                let now = OnceNow::new(&self.inner.clock);
+                // Nodes are matched by the policy key they store, never by hashing or comparing
+                // keys: no user code runs under the policy's lock.
+                let mut probe =
+                    |v: &Victim| match table.get_node(v.hash, |n| n.value.pkey == v.pkey, guard) {
+                        Some(n) => Look {
+                            hits: n.value.policy.take_hits(),
+                            expired: n.value.is_expired(|| now.get()),
+                        },
+                        None => Look::default(),
                     };
-                    if listening {
-                        evicted.push((old, cause));
+                let write = Write {
+                    pkey: entry.pkey,
+                    hash: node.hash,
+                    version: entry.version,
+                    weight,
+                };
+                let counters = self.inner.domain.counters();
+                policy.write(write, victims, &mut probe, &|| counters.requests());
+                for v in victims.iter() {
+                    // The victim's write, or an older one it replaced, never a load in progress
+                    // or a newer write (that one reports itself, and the policy tracks it anew).
+                    let outcome = table.update_node(
+                        v.hash,
+                        |n| n.value.pkey == v.pkey,
+                        None,
+                        |cur| match cur {
+                            Some(n) if n.value.is_tracked() && n.value.version <= v.version => {
+                                Decision::Remove
+                            }
+                            _ => Decision::Keep,
+                        },
+                        guard,
+                    );
+                    if let Outcome::Removed(old) = outcome {
+                        let cause = if v.pkey == write.pkey && v.version == write.version {
+                            pinned.count(Counter::Evictions);
+                            RemovalCause::Oversized
+                        } else if old.value.is_expired(|| now.get()) {
+                            pinned.count(Counter::Expirations);
+                            RemovalCause::Expired
+                        } else {
+                            pinned.count(Counter::Evictions);
+                            RemovalCause::Size
+                        };
+                        if listening {
+                            evicted.push((old, cause));
+                        }
                     }
                 }
-            }
-        });
+            });
         // Outside the lock: the listener is user code.
         for (old, cause) in evicted {
             self.notify(old, cause);

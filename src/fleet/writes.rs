@@ -139,7 +139,7 @@ where
     /// Drops the local entry of the key with policy key `pkey` (a value, or a load in
     /// progress, which is detached), found through the policy: whether there was one.
     fn drop_local(&self, pkey: u64) -> bool {
-        let Some(hash) = self.inner.policy.with(|p| p.hash_of(pkey)) else {
+        let Some(hash) = self.inner.policy.with(pkey, |p| p.hash_of(pkey)) else {
             return false;
         };
         let pinned = self.inner.domain.pin();

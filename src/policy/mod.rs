@@ -1,7 +1,9 @@
 //! Eviction policy, behind a small internal trait so that it stays one module.
 //!
 //! The policy (W-TinyLFU, `tinylfu.rs`) is a single-threaded structure under a lock, taken by
-//! writes (inserts, published loads) and removals, which keep its view of the table exact.
+//! writes (inserts, published loads) and removals, which keep its view of the table exact; a
+//! large cache splits it into shards by policy key, each with its lock and its share of the
+//! capacity, so that writers of different keys rarely wait for each other.
 //! Hits never take it: a hit only raises a small counter in its own entry, test before set
 //! ([`EntryState::on_hit`]), so once an entry has been hit a few times since the policy last
 //! looked at it, further hits read that byte and write nothing. When the policy considers an
@@ -10,12 +12,15 @@
 //! second chance in its region, as in CLOCK. So hits cost what they cost under CLOCK, and the
 //! sketch still counts every key's recent popularity, resident or not.
 
+mod index;
 mod sketch;
 mod tinylfu;
 mod window;
 
 pub(crate) use tinylfu::{Look, Probe, Victim, Write};
 pub(crate) use window::{Requests, Served};
+
+use crossbeam_utils::CachePadded;
 
 use crate::sync::{AtomicU8, Mutex, Ordering};
 
@@ -70,37 +75,121 @@ pub(crate) trait EvictionPolicy: Send {
     fn hash_of(&self, pkey: u64) -> Option<u64>;
 }
 
-/// The cache's policy and its lock, with a scratch list of victims reused across writes (an
+/// The fewest entries a shard of the policy holds. Each shard runs its own W-TinyLFU over
+/// the keys that hash to it, so a shard must be large enough that the hot keys spread evenly
+/// (the share of a shard's hot set varies by about `1/sqrt(entries)`: 0.8% here) and that
+/// its sketch and window sizing see enough traffic; below two shards' worth, the policy is
+/// one shard, as it is for every cache a hit-ratio trace of a few thousand keys measures.
+const MIN_SHARD_ENTRIES: u64 = 16_384;
+
+/// Shards per available core, at most: enough that two writers rarely want the same one.
+const SHARDS_PER_CORE: usize = 4;
+
+/// The cache's policy: one or more shards, each a W-TinyLFU over the keys whose policy key
+/// selects it, under its own lock, with a scratch list of victims reused across writes (an
 /// insert at capacity would otherwise allocate one).
+///
+/// The capacity is split between the shards, so the sum of their bounds is the cache's.
+/// With a weigher there is one shard: an entry may weigh up to the whole capacity, which no
+/// shard's share could hold.
 #[derive(Debug)]
 pub(crate) struct Policy {
-    core: Mutex<(tinylfu::Core, Vec<Victim>)>,
+    shards: Box<[CachePadded<Mutex<Shard>>]>,
+    /// `64 - log2(shards)`: the policy key's top bits choose the shard (its low bits place it
+    /// in the shard's index, and the sketch remixes it).
+    shift: u32,
 }
 
+type Shard = (tinylfu::Core, Vec<Victim>);
+
 impl Policy {
-    /// A policy for `max_weight` units, seeded for its sketch.
-    pub(crate) fn new(max_weight: u64, seed: u64) -> Self {
+    /// A policy for `max_weight` units, seeded for its sketches; `weighted`: a weigher is set.
+    pub(crate) fn new(max_weight: u64, seed: u64, weighted: bool) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let count = if weighted {
+            1
+        } else {
+            shard_count(max_weight, cores)
+        };
+        let shards = (0..count as u64)
+            .map(|i| {
+                // The remainder goes to the first shards, so the bounds sum to `max_weight`.
+                let share = max_weight / count as u64 + u64::from(i < max_weight % count as u64);
+                let core = tinylfu::Core::new(share, seed.wrapping_add(i));
+                CachePadded::new(Mutex::new((core, Vec::new())))
+            })
+            .collect();
         Policy {
-            core: Mutex::new((tinylfu::Core::new(max_weight, seed), Vec::new())),
+            shards,
+            shift: 64 - count.trailing_zeros(),
         }
     }
 
-    /// Runs `f` on the locked policy (a write or a removal). The policy runs no user code, so
-    /// a panic while it is held cannot leave it half-updated by a caller: it is taken over.
-    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut dyn EvictionPolicy) -> R) -> R {
-        self.with_scratch(|p, _| f(p))
+    /// Shards in use.
+    #[cfg(test)]
+    pub(crate) fn shards(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Runs `f` on the locked shard of `pkey` (a write or a removal). The policy runs no user
+    /// code, so a panic while it is held cannot leave it half-updated by a caller: it is
+    /// taken over.
+    pub(crate) fn with<R>(&self, pkey: u64, f: impl FnOnce(&mut dyn EvictionPolicy) -> R) -> R {
+        self.with_scratch(pkey, |p, _| f(p))
     }
 
     /// Like `with`, also lending the (empty) scratch list of victims.
     pub(crate) fn with_scratch<R>(
         &self,
+        pkey: u64,
         f: impl FnOnce(&mut dyn EvictionPolicy, &mut Vec<Victim>) -> R,
     ) -> R {
-        let mut guard = self.core.lock().unwrap_or_else(|p| p.into_inner());
+        // `checked_shr`: one shard shifts by 64, which selects shard 0.
+        let i = pkey.checked_shr(self.shift).unwrap_or(0) as usize;
+        let mut guard = self.shards[i].lock().unwrap_or_else(|p| p.into_inner());
         let (core, scratch) = &mut *guard;
         scratch.clear();
         let r = f(core, scratch);
         scratch.clear();
         r
+    }
+}
+
+/// Shards for an unweighted policy of `max` entries on `cores` cores: a power of two, at
+/// most `SHARDS_PER_CORE` per core, each holding at least `MIN_SHARD_ENTRIES`.
+fn shard_count(max: u64, cores: usize) -> usize {
+    let by_size = usize::try_from(max / MIN_SHARD_ENTRIES).unwrap_or(usize::MAX);
+    let by_cores = cores.saturating_mul(SHARDS_PER_CORE);
+    let n = by_size.min(by_cores).max(1);
+    // The largest power of two not above `n`.
+    1 << (usize::BITS - 1 - n.leading_zeros())
+}
+
+#[cfg(all(test, not(herdcache_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_caches_have_one_shard_and_large_ones_one_per_share_of_the_cores() {
+        assert_eq!(shard_count(0, 2), 1);
+        assert_eq!(shard_count(20_000, 16), 1);
+        assert_eq!(shard_count(2 * MIN_SHARD_ENTRIES - 1, 16), 1);
+        assert_eq!(shard_count(2 * MIN_SHARD_ENTRIES, 16), 2);
+        assert_eq!(shard_count(100_000, 2), 4);
+        assert_eq!(shard_count(10_000_000, 2), 8);
+        assert_eq!(shard_count(10_000_000, 3), 8);
+        assert_eq!(shard_count(u64::MAX, usize::MAX), 1 << 49);
+    }
+
+    #[test]
+    fn shares_sum_to_the_capacity_and_a_weigher_keeps_one_shard() {
+        let p = Policy::new(100_003, 1, false);
+        assert!(
+            p.shards() >= 4,
+            "100,003 entries on any machine: at least 4 shards"
+        );
+        let total: u64 = p.shards.iter().map(|s| s.lock().unwrap().0.max()).sum();
+        assert_eq!(total, 100_003);
+        assert_eq!(Policy::new(100_003, 1, true).shards(), 1);
     }
 }
