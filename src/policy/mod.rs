@@ -115,7 +115,10 @@ impl Policy {
             .map(|i| {
                 // The remainder goes to the first shards, so the bounds sum to `max_weight`.
                 let share = max_weight / count as u64 + u64::from(i < max_weight % count as u64);
-                let core = tinylfu::Core::new(share, seed.wrapping_add(i));
+                let mut core = tinylfu::Core::new(share, seed.wrapping_add(i));
+                if !weighted {
+                    core.reserve(share);
+                }
                 CachePadded::new(Mutex::new((core, Vec::new())))
             })
             .collect();

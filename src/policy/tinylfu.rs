@@ -188,6 +188,15 @@ impl Core {
         self.lists.iter().map(|l| l.weight).sum()
     }
 
+    /// Reserves room for `entries` nodes, if the memory can be had: an unweighted policy knows
+    /// how many nodes it will hold, and growing by doubling leaves the allocator holding the
+    /// smaller arrays freed on the way. Reserved pages not yet written are not resident.
+    pub(crate) fn reserve(&mut self, entries: u64) {
+        if let Ok(n) = usize::try_from(entries.saturating_add(1)) {
+            let _ = self.nodes.try_reserve_exact(n);
+        }
+    }
+
     /// The capacity, in weight units.
     #[cfg(test)]
     pub(crate) fn max(&self) -> u64 {
