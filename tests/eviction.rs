@@ -86,6 +86,49 @@ fn evictions_for_size_are_reported_and_keep_the_count_bounded() {
     assert_eq!(c.stats().evictions, log.len() as u64);
 }
 
+/// A cache large enough to split its policy into shards keeps every promise of one that
+/// does not: within its capacity, every value present or reported once, the newest write
+/// readable, and frequently read keys kept.
+#[test]
+#[cfg_attr(miri, ignore = "a hundred thousand inserts, no unsafe code of its own")]
+fn a_sharded_cache_keeps_the_bound_and_reports_every_eviction() {
+    const CAP: u64 = 40_000;
+    let clock = ManualClock::new();
+    let (c, log) = logged(CAP, &clock);
+    for k in 0..100 {
+        c.insert(k, u64::from(k));
+    }
+    for k in 100..100_000u32 {
+        c.insert(k, u64::from(k));
+        assert_eq!(
+            c.get(&k),
+            Some(u64::from(k)),
+            "the newest write {k} is readable"
+        );
+        c.get(&(k % 100));
+        if k % 997 == 0 {
+            assert!(c.entry_count() <= CAP, "{} entries", c.entry_count());
+        }
+    }
+    assert!(c.entry_count() <= CAP);
+    assert!(
+        c.entry_count() >= CAP * 99 / 100,
+        "the shards hold nearly the whole capacity: {}",
+        c.entry_count()
+    );
+    let log = causes(&log);
+    let reported: HashSet<u32> = log.iter().map(|e| e.0).collect();
+    assert_eq!(reported.len(), log.len(), "no value reported twice");
+    let present = (0..100_000u32).filter(|k| c.get(k).is_some()).count();
+    assert_eq!(
+        present + log.len(),
+        100_000,
+        "every value is present or reported"
+    );
+    let hot = (0..100).filter(|k| c.get(k).is_some()).count();
+    assert!(hot >= 95, "{hot} of 100 frequently read keys kept");
+}
+
 #[test]
 fn frequently_read_keys_survive_a_stream_of_one_off_inserts() {
     let c: Cache<u32, u32> = Cache::builder().max_capacity(100).build().unwrap();

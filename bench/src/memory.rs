@@ -12,9 +12,10 @@ use std::time::Duration;
 use crate::caches::{BenchCache, Hasher, Moka, MutexLru, Papaya, QuickCache};
 
 /// The configurations measured, by name.
-pub const CONFIGS: [&str; 7] = [
+pub const CONFIGS: [&str; 8] = [
     "herdcache",
     "herdcache (TTL + early refresh)",
+    "herdcache (after as many churn inserts)",
     "quick_cache",
     "moka",
     "Mutex<LruCache>",
@@ -70,8 +71,9 @@ pub fn rss_bytes() -> Option<u64> {
 pub fn measure(name: &str, entries: u64) -> Result<Footprint, String> {
     let before = rss_bytes().ok_or("no /proc/self/statm: the memory bench needs Linux")?;
     let (resident, after) = match name {
-        "herdcache" => fill_herdcache(entries, false),
-        "herdcache (TTL + early refresh)" => fill_herdcache(entries, true),
+        "herdcache" => fill_herdcache(entries, false, false),
+        "herdcache (TTL + early refresh)" => fill_herdcache(entries, true, false),
+        "herdcache (after as many churn inserts)" => fill_herdcache(entries, false, true),
         "quick_cache" => fill::<QuickCache>(entries),
         "moka" => fill::<Moka>(entries),
         "Mutex<LruCache>" => fill::<MutexLru>(entries),
@@ -109,8 +111,9 @@ fn fill<C: BenchCache>(entries: u64) -> (u64, Option<u64>) {
 }
 
 /// herdcache with the default builder (only `max_capacity` and the shared hasher), or with
-/// a TTL and early refresh configured.
-fn fill_herdcache(entries: u64, refresh: bool) -> (u64, Option<u64>) {
+/// a TTL and early refresh configured; with `churn`, measured after as many inserts of new
+/// keys again (each evicts), when the table has been rebuilt at its steady-state size.
+fn fill_herdcache(entries: u64, refresh: bool, churn: bool) -> (u64, Option<u64>) {
     let mut builder = herdcache::Cache::builder()
         .max_capacity(entries)
         .hasher(Hasher::default());
@@ -120,11 +123,12 @@ fn fill_herdcache(entries: u64, refresh: bool) -> (u64, Option<u64>) {
             .refresh_after(Duration::from_secs(1800));
     }
     let cache: herdcache::Cache<u64, u64, Hasher> = builder.build().expect("valid settings");
-    for k in 0..entries {
+    let keys = if churn { 0..2 * entries } else { 0..entries };
+    for k in keys.clone() {
         cache.insert(k, k);
     }
     let after = rss_bytes();
-    let resident = (0..entries).filter(|k| cache.get(k).is_some()).count() as u64;
+    let resident = keys.filter(|k| cache.get(k).is_some()).count() as u64;
     std::hint::black_box(&cache);
     (resident, after)
 }

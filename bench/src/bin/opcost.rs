@@ -1,0 +1,78 @@
+//! A fixed number of one operation, for profilers: run it under cachegrind (or perf) at two
+//! operation counts and divide the difference by the difference in operations, so that the
+//! setup (filling the cache) cancels out.
+//!
+//! Run: `valgrind --tool=cachegrind --cache-sim=yes target/release/opcost --op insert
+//! --ops 200000`, then again with `--ops 400000`. Operations: `insert` (keys never seen,
+//! on a full cache of `--capacity` entries: each evicts), `get` (uniform hits over the
+//! capacity's keys, one `get` each), `cache-aside` (`get`, and `insert` on a miss, Zipf(1.0)
+//! over 10x the capacity). Caches: `herdcache` (default), `quick_cache`, `Mutex<LruCache>`.
+
+use std::hint::black_box;
+
+use herdcache_bench::args::{exit_usage, Flags};
+use herdcache_bench::caches::{BenchCache, Herdcache, MutexLru, QuickCache};
+use herdcache_bench::workload::{keys, Distribution};
+
+const USAGE: &str = "opcost --op insert|get|cache-aside [--ops N] [--capacity N] [--cache NAME]";
+
+fn run<C: BenchCache>(op: &str, ops: usize, capacity: u64) {
+    let cache = C::with_capacity(capacity as usize);
+    for k in 0..capacity {
+        cache.insert(k, k);
+    }
+    cache.settle();
+    // Generated before the operations, in both runs of a pair alike.
+    let seq = match op {
+        "get" => keys(Distribution::Uniform, capacity, ops, 1),
+        "cache-aside" => keys(Distribution::Zipf(1.0), capacity * 10, ops, 1),
+        _ => Vec::new(),
+    };
+    let mut found = 0u64;
+    match op {
+        "insert" => {
+            for k in capacity..capacity + ops as u64 {
+                cache.insert(k, k);
+            }
+        }
+        "get" => {
+            for &k in &seq {
+                found += u64::from(cache.get(k).is_some());
+            }
+        }
+        _ => {
+            for &k in &seq {
+                if cache.get(k).is_some() {
+                    found += 1;
+                } else {
+                    cache.insert(k, k);
+                }
+            }
+        }
+    }
+    black_box(found);
+}
+
+fn main() {
+    let flags = Flags::parse(&["--op", "--ops", "--capacity", "--cache"], &[])
+        .unwrap_or_else(|e| exit_usage(&e, USAGE));
+    let op = flags.raw("--op").pop().unwrap_or_else(|| "insert".into());
+    if !["insert", "get", "cache-aside"].contains(&op.as_str()) {
+        exit_usage(&format!("unknown operation {op:?}"), USAGE);
+    }
+    let ops: usize = flags
+        .get("--ops", 200_000)
+        .unwrap_or_else(|e| exit_usage(&e, USAGE));
+    let capacity: u64 = flags
+        .get("--capacity", 100_000)
+        .unwrap_or_else(|e| exit_usage(&e, USAGE));
+    if capacity == 0 {
+        exit_usage("--capacity must be at least 1", USAGE);
+    }
+    match flags.raw("--cache").pop().as_deref().unwrap_or("herdcache") {
+        "herdcache" => run::<Herdcache>(&op, ops, capacity),
+        "quick_cache" => run::<QuickCache>(&op, ops, capacity),
+        "Mutex<LruCache>" => run::<MutexLru>(&op, ops, capacity),
+        other => exit_usage(&format!("unknown cache {other:?}"), USAGE),
+    }
+}
