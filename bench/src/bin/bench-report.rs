@@ -233,9 +233,12 @@ fn throughput_section(
          this thread's hit counter; `cargo bench --bench hit_path` and cachegrind put the \
          rest of the difference to papaya in the epoch pin (crossbeam-epoch's pin is a locked \
          instruction; papaya's collector pins with a lighter fence). The writes \
-         (`mixed_90_10`, `insert_churn`) pay for one allocation and one retirement per insert, \
-         and take the eviction policy's lock (W-TinyLFU's bookkeeping and a few table lookups \
-         per insert); that lock is why inserts do not scale.\n"
+         (`mixed_90_10`, `insert_churn`, `cache_aside`) pay for one allocation and one \
+         retirement per insert, and take a lock of the eviction policy (W-TinyLFU's \
+         bookkeeping, an index update and a few table lookups per insert: about 2,200 \
+         instructions and 28 L1 misses per insert at capacity, cachegrind, against \
+         quick_cache's 450 and 6). A cache of 100k entries splits its policy into shards \
+         with a lock each, so inserts of different keys rarely wait for each other.\n"
     );
 }
 
