@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_epoch::Owned;
+use crossbeam_utils::CachePadded;
 
 use crate::builder::{CacheBuilder, Settings};
 use crate::clock::{duration_to_nanos, TimeSource};
@@ -53,7 +54,9 @@ pub(crate) struct Inner<K, V, S> {
     /// Coordinates loads across instances.
     #[cfg(feature = "redis")]
     pub(crate) shared: Option<crate::fleet::RedisTier<K, V>>,
-    versions: AtomicU64,
+    /// On a line of its own: every write bumps it, and a line shared with what every read
+    /// loads (the table's root, the hasher) would be taken from the readers' cores each time.
+    versions: CachePadded<AtomicU64>,
     // Dropped last: dropping the domain frees this thread's handle, letting the collector
     // run the destructors of the entries retired above.
     pub(crate) domain: Domain,
@@ -140,7 +143,7 @@ where
                 task_spawner: settings.task_spawner,
                 #[cfg(feature = "redis")]
                 shared,
-                versions: AtomicU64::new(1),
+                versions: CachePadded::new(AtomicU64::new(1)),
                 domain: Domain::new(),
             }),
         })

@@ -1,6 +1,7 @@
 //! One allocation of slots: tag bytes, slot pointers, and the state of a migration out of it.
 
 use crossbeam_epoch::{Atomic, Guard, Shared};
+use crossbeam_utils::CachePadded;
 
 use super::node::{Node, SlotBits, TAG_EMPTY};
 use crate::sync::{AtomicU8, AtomicUsize, Ordering};
@@ -24,8 +25,10 @@ pub(crate) struct SlotArray<K, V> {
     /// One byte per slot, see [`super::node::tag_of`]; written once, after the slot's claim.
     pub(crate) tags: Box<[AtomicU8]>,
     pub(crate) slots: Box<[Atomic<Node<K, V>>]>,
-    /// Slots ever claimed in this array (live entries plus tombstones): the load factor.
-    pub(crate) claimed: AtomicUsize,
+    /// Slots ever claimed in this array (live entries plus tombstones): the load factor. On a
+    /// line of its own, away from `mask`, `tags` and `slots`, which every read loads: each
+    /// insert of a new key bumps it.
+    pub(crate) claimed: CachePadded<AtomicUsize>,
     /// The array this one migrates into, once a migration has started.
     pub(crate) next: Atomic<SlotArray<K, V>>,
     /// Next chunk of slots to copy, claimed by `fetch_add`.
@@ -53,7 +56,7 @@ impl<K, V> SlotArray<K, V> {
             mask: slots - 1,
             tags: tags.into_boxed_slice(),
             slots: cells.into_boxed_slice(),
-            claimed: AtomicUsize::new(0),
+            claimed: CachePadded::new(AtomicUsize::new(0)),
             next: Atomic::null(),
             copy_cursor: AtomicUsize::new(0),
             copied: AtomicUsize::new(0),

@@ -36,6 +36,7 @@ pub use node::Node;
 use std::marker::PhantomData;
 
 use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
+use crossbeam_utils::CachePadded;
 
 use array::{SlotArray, COPY_CHUNK};
 use node::{tag_of, SlotBits, TAG_EMPTY};
@@ -76,8 +77,9 @@ pub enum Outcome<'g, K, V> {
 /// table is a logic error (nodes could be freed while another collector's guard reads them).
 pub struct Table<K, V> {
     root: Atomic<SlotArray<K, V>>,
-    /// Live entries across the table.
-    len: AtomicUsize,
+    /// Live entries across the table. On a line of its own, away from `root`, which every
+    /// read loads: inserts of new keys and removals change it.
+    len: CachePadded<AtomicUsize>,
     _marker: PhantomData<Box<Node<K, V>>>,
 }
 
@@ -108,7 +110,7 @@ impl<K, V> Table<K, V> {
         let array = SlotArray::try_new(SlotArray::<K, V>::initial_size(capacity))?;
         Some(Table {
             root: Atomic::new(array),
-            len: AtomicUsize::new(0),
+            len: CachePadded::new(AtomicUsize::new(0)),
             _marker: PhantomData,
         })
     }
