@@ -152,6 +152,11 @@ mod tests {
     use std::collections::HashMap;
 
     proptest! {
+        // No unsafe code, and hundreds of cases: too slow under Miri.
+        #![proptest_config(ProptestConfig {
+            cases: if cfg!(miri) { 4 } else { 256 },
+            ..ProptestConfig::default()
+        })]
         /// Behaves as a map, whatever the order of inserts and removes, including keys that
         /// share their home slot (small keys collide in a small table) and keys that share
         /// the low 32 bits the index keeps.

@@ -185,6 +185,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "sketches for 100,000 entries, no unsafe code")]
     fn shares_sum_to_the_capacity_and_a_weigher_keeps_one_shard() {
         let p = Policy::new(100_003, 1, false);
         assert!(
