@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use crate::cache::Cache;
 use crate::clock::{Clock, SystemClock, TimeSource};
+use crate::error::BuildError;
+use crate::settings::Settings;
 use crate::DefaultHashBuilder;
 
 /// Largest accepted `max_capacity`: far beyond any memory, small enough that table sizing
@@ -21,48 +23,6 @@ pub const MAX_INITIAL_CAPACITY: usize = 1 << 28;
 /// Longest accepted duration setting. A longer TTL is almost certainly a unit mistake; to
 /// keep entries forever, set no TTL.
 pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
-
-/// A setting that [`CacheBuilder::build`] rejected.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum BuildError {
-    /// A required setting was not given.
-    Missing {
-        /// The builder method that sets it.
-        setting: &'static str,
-    },
-    /// A setting's value is outside its valid range.
-    Invalid {
-        /// The builder method that set it.
-        setting: &'static str,
-        /// What the valid range is.
-        reason: &'static str,
-    },
-}
-
-impl BuildError {
-    /// The name of the builder method whose setting is at fault.
-    pub fn setting(&self) -> &'static str {
-        match self {
-            BuildError::Missing { setting } | BuildError::Invalid { setting, .. } => setting,
-        }
-    }
-}
-
-impl fmt::Display for BuildError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BuildError::Missing { setting } => {
-                write!(f, "cache setting `{setting}` is required but was not given")
-            }
-            BuildError::Invalid { setting, reason } => {
-                write!(f, "cache setting `{setting}` is invalid: {reason}")
-            }
-        }
-    }
-}
-
-impl std::error::Error for BuildError {}
 
 /// Starts a cache's shared-tier subscriber.
 #[cfg(feature = "redis")]
@@ -501,24 +461,6 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     }
 }
 
-/// Settings that passed validation.
-#[derive(Debug, Clone)]
-pub(crate) struct Settings {
-    pub(crate) max_capacity: usize,
-    pub(crate) initial_capacity: usize,
-    /// Default hard TTL in nanoseconds, if any.
-    pub(crate) time_to_live: Option<u64>,
-    /// How long a load error is cached, in nanoseconds, if at all.
-    pub(crate) negative_ttl: Option<u64>,
-    pub(crate) refresh: crate::refresh::RefreshSettings,
-    pub(crate) max_concurrent_loads: Option<usize>,
-    pub(crate) load_timeout: Option<Duration>,
-    /// Nanoseconds.
-    pub(crate) max_stale: u64,
-    pub(crate) task_spawner: Option<crate::spawn::TaskSpawner>,
-    pub(crate) clock: TimeSource,
-}
-
 /// [`CacheBuilder::max_stale`]'s default: one minute.
 const DEFAULT_MAX_STALE_NANOS: u64 = 60_000_000_000;
 
@@ -676,6 +618,23 @@ where
             task_spawner: self.task_spawner.clone(),
             clock,
         })
+    }
+}
+
+impl<K, V> Cache<K, V, DefaultHashBuilder>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    V: Send + Sync + 'static,
+{
+    /// A builder; `max_capacity` is the one required setting.
+    ///
+    /// ```
+    /// let cache: herdcache::Cache<String, u64> =
+    ///     herdcache::Cache::builder().max_capacity(1_000).build()?;
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    pub fn builder() -> CacheBuilder<K, V, DefaultHashBuilder> {
+        CacheBuilder::new()
     }
 }
 

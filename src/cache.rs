@@ -11,7 +11,6 @@ use std::time::Duration;
 use crossbeam_epoch::Owned;
 use crossbeam_utils::CachePadded;
 
-use crate::builder::{CacheBuilder, Settings};
 use crate::clock::{duration_to_nanos, TimeSource};
 use crate::entry::{expiry_after, Entry, NEVER};
 use crate::local::{Domain, Pinned};
@@ -19,6 +18,7 @@ use crate::pacing::Limiter;
 use crate::policy::Policy;
 use crate::refresh::RefreshSettings;
 use crate::removal::{Hooks, RemovalCause};
+use crate::settings::Settings;
 use crate::stats::{Counter, Stats};
 use crate::table::{Decision, Node, Outcome, Table};
 use crate::DefaultHashBuilder;
@@ -76,23 +76,6 @@ impl<K, V, S> fmt::Debug for Cache<K, V, S> {
             .field("entry_count", &self.inner.table.len())
             .field("max_capacity", &self.inner.max_capacity)
             .finish_non_exhaustive()
-    }
-}
-
-impl<K, V> Cache<K, V, DefaultHashBuilder>
-where
-    K: Hash + Eq + Send + Sync + 'static,
-    V: Send + Sync + 'static,
-{
-    /// A builder; `max_capacity` is the one required setting.
-    ///
-    /// ```
-    /// let cache: herdcache::Cache<String, u64> =
-    ///     herdcache::Cache::builder().max_capacity(1_000).build()?;
-    /// # Ok::<(), herdcache::BuildError>(())
-    /// ```
-    pub fn builder() -> CacheBuilder<K, V, DefaultHashBuilder> {
-        CacheBuilder::new()
     }
 }
 

@@ -160,6 +160,16 @@ impl<'a> OnceNow<'a> {
     }
 }
 
+/// Expiry of an entry that never expires.
+pub(crate) const NEVER: u64 = u64::MAX;
+
+/// The expiry of something that lives `ttl` from `now`: a finite TTL never becomes
+/// [`NEVER`], even at the end of the clock's range (it saturates just below it).
+#[inline]
+pub(crate) fn expiry_after(now: u64, ttl: u64) -> u64 {
+    now.saturating_add(ttl).min(NEVER - 1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

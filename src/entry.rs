@@ -8,15 +8,7 @@ use crate::flight::Flight;
 use crate::policy::EntryState;
 use crate::refresh::RefreshState;
 
-/// Expiry of an entry that never expires.
-pub(crate) const NEVER: u64 = u64::MAX;
-
-/// The expiry of something that lives `ttl` from `now`: a finite TTL never becomes
-/// [`NEVER`], even at the end of the clock's range (it saturates just below it).
-#[inline]
-pub(crate) fn expiry_after(now: u64, ttl: u64) -> u64 {
-    now.saturating_add(ttl).min(NEVER - 1)
-}
+pub(crate) use crate::clock::{expiry_after, NEVER};
 
 /// One slot's content, immutable once published except for the policy's hit counter. Every
 /// write of a key publishes a new

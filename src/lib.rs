@@ -284,6 +284,7 @@ mod builder;
 mod cache;
 mod clock;
 mod entry;
+mod error;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod fleet;
@@ -296,6 +297,7 @@ mod policy;
 mod refresh;
 mod removal;
 mod rng;
+mod settings;
 mod spawn;
 mod stats;
 mod sync;
@@ -306,11 +308,10 @@ mod table;
 mod timer;
 mod warm;
 
-pub use builder::{
-    BuildError, CacheBuilder, MAX_CAPACITY_LIMIT, MAX_DURATION, MAX_INITIAL_CAPACITY,
-};
+pub use builder::{CacheBuilder, MAX_CAPACITY_LIMIT, MAX_DURATION, MAX_INITIAL_CAPACITY};
 pub use cache::{Cache, CacheGuard};
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::BuildError;
 pub use load::LoadError;
 pub use refresh::RefreshJob;
 pub use removal::RemovalCause;

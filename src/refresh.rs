@@ -15,7 +15,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::entry::NEVER;
+use crate::clock::NEVER;
 use crate::sync::{AtomicBool, Ordering};
 
 /// Upper bound of `-ln U` for `U` in (0, 1] with 53 bits: `53 ln 2 = 36.74`.
@@ -156,7 +156,7 @@ impl RefreshSettings {
     ) -> RefreshState {
         let soft_at = match self.soft_ttl {
             _ if failures > 0 => now,
-            Some(s) => crate::entry::expiry_after(now, s),
+            Some(s) => crate::clock::expiry_after(now, s),
             None => NEVER,
         };
         let xfetch_from = match self.beta {

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 pub use codec::Json;
 pub use codec::{Codec, CodecError, Raw, Utf8};
 
-use crate::builder::BuildError;
+use crate::error::BuildError;
 pub(crate) use crate::load::Keep;
 use crate::stats::Counter;
 pub(crate) use coherence::{Coherence, Seen};

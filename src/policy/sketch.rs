@@ -12,15 +12,12 @@ const MAX_COUNT: u64 = 15;
 /// Counters per word.
 const PER_WORD: usize = 16;
 
-/// The fewest words (8 KiB): a small cache's sketch counts with fewer collisions. Measured
-/// on the hit-ratio grid against Caffeine's one word per entry (at least 128), with the
-/// halving below: cells more than 0.3 points short of the better peer 8 -> 3, the mean
-/// +0.1 point.
+/// The fewest words (8 KiB): a small cache's sketch counts with fewer collisions
+/// (DESIGN.md, "Policy tuning").
 const MIN_WORDS: usize = 1024;
 
-/// Halve every this many increments per entry of capacity (Caffeine: 10). Aging twice as
-/// fast follows shifts in popularity sooner: lirs_sprite at 1,000 entries, recency-heavy,
-/// rose from 85.2% to 86.3%.
+/// Halve every this many increments per entry of capacity (Caffeine: 10): aging twice as
+/// fast follows shifts in popularity sooner.
 const AGE_EVERY: usize = 5;
 
 #[derive(Debug)]
@@ -91,8 +88,8 @@ impl Sketch {
     pub(crate) fn increment(&mut self, key: u64) {
         let (block, spots) = self.positions(key);
         let b = &mut self.table[block];
-        // Every counter below the maximum is raised (not only those at the minimum: on the
-        // grid, conservative update let one-off keys displace looping ones more often).
+        // Every counter below the maximum is raised, not only those at the minimum: one-off
+        // keys then displace looping ones less often.
         let min = spots
             .iter()
             .map(|&(w, shift)| (b[w] >> shift) & 0xf)

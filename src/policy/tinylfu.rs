@@ -19,9 +19,8 @@ const NIL: u32 = u32::MAX;
 
 /// The window's initial share of the capacity.
 const WINDOW_START: f64 = 0.01;
-/// The protected segment's share of the main space. Caffeine uses 0.8; on the hit-ratio grid
-/// 0.6 gave a mean 0.1 point higher and lost less where recency matters (lirs_sprite at 200:
-/// -0.5 against -2.6 points from the better peer).
+/// The protected segment's share of the main space (Caffeine: 0.8); a smaller share loses
+/// less where recency matters (DESIGN.md, "Policy tuning").
 const PROTECTED_SHARE: f64 = 0.60;
 /// A candidate at least this frequent but not more frequent than the victim is still admitted
 /// with probability 1/128, so that an attacker cannot pin the main space with keys whose
@@ -31,24 +30,18 @@ const HASHDOS_FLOOR: u64 = 6;
 /// it. The sketch halves all its counters at once, so for a while after each halving a
 /// candidate just counted looks one higher than an equally frequent victim not yet counted
 /// again; without the margin, keys read in a loop displace each other after every halving.
-/// Measured on the hit-ratio grid: +0.9 points on the mean, and the loop and scan traces at
-/// small capacities from 0% to near their optimum.
 const ADMIT_MARGIN: u64 = 1;
 /// Against a victim that entered the main space unchallenged (while it had room, so without
 /// a duel) and has not been hit since, a candidate seen at least this often needs only to be
 /// more frequent, without the margin. Once a cache fills, its main space holds whatever
 /// came first, unproven; with the margin, only keys seen three times could replace them, and
-/// on cache2k_web07 at 5,000 entries the main space turned over so slowly that a window of
-/// 1% lost 0.8 points to quick_cache in the first 20,000 lookups after the fill. A candidate
-/// seen once is not enough: on lirs_gli at 100 entries the first keys return after a long
-/// loop, and newcomers seen once displaced them all after the first halving (6.1% to 1.8%).
+/// the main space turns over too slowly. A candidate seen once is not enough: keys that
+/// return after a long loop would be displaced by newcomers seen once.
 ///
 /// This applies only once the main space has had a hit (its protected segment holds an
 /// entry): until then nothing in it has proven itself either, and the fill may simply not
-/// have come round yet. In a loop longer than the cache, the keys that miss on the second
-/// pass are all seen twice and would each push out a fill key about to be read again: on
-/// lirs_zigzag at 1,000 entries the first 4,000 lookups hit 9% to 21% instead of LRU's 25%,
-/// and the whole trace 47.2% (46.7% to 47.8% over 40 runs) where LRU gets 48.0%.
+/// have come round yet; in a loop longer than the cache, the keys missed on the second pass
+/// are all seen twice and would each push out a fill key about to be read again.
 const UNCHALLENGED_MIN: u64 = 2;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,10 +17,8 @@
 //! are at least `DECIDE_EVERY` of the reach apart in new keys, so that a burst of correlated
 //! evidence (a run of rejected keys coming back together) counts once. Both signals come
 //! from writes and looks the policy makes anyway, so the sizer adds nothing to hits. It
-//! reacts within a few hundred new keys, where the hit-ratio hill climbing it replaced
-//! needed samples of 20 lookups per entry of capacity: on short traces at large capacities
-//! that was too few samples to move far from the initial window (lirs_sprite at 1,000 entries, 134k lookups: 85.7% to 86.2% over three runs of the grid,
-//! against quick_cache's 87.6%; 87.6% to 88.3% with the sizer).
+//! reacts within a few hundred new keys, where a hit-ratio hill climbing needs samples of
+//! many lookups per entry of capacity, too few on short traces at large capacities.
 //!
 //! A loop longer than the cache that follows a recency-heavy phase is the sizer's blind
 //! spot: in a large window such a loop looks like near misses (each rejected key returns
@@ -29,25 +27,17 @@
 //! hits far less than the one before, the window starts over from its initial size.
 
 /// The reach, `delta`, of the ghost and of the cold zone: this share of the capacity (at
-/// least one unit). On the hit-ratio grid (16 runs per cell), 1/64 left two cells more than
-/// 0.3 points below the better of moka and quick_cache (lirs_sprite at 1,000 entries -0.64,
-/// cache2k_web07 at 5,000 -0.57), 1/16 one (lirs_zigzag at 1,000, -0.55) and 1/8 three;
-/// 1/32 none.
+/// least one unit).
 const REACH: f64 = 1.0 / 32.0;
-/// How far the window moves per decision, as a share of the capacity (at least one unit).
-/// With moves of 0.5%, cache2k_web07 at 5,000 entries, which needs a window of 20% or more,
-/// fell from -0.15 to -0.22 points against the better peer (32 runs per cell).
+/// How far the window moves per decision, as a share of the capacity (at least one unit):
+/// large enough that a cache needing a large window gets there.
 const STEP: f64 = 0.01;
-/// Evidence (gain plus loss) per decision. At 4, a loss arrives in bursts (many second
-/// chances in one write) that count as one decision against several small gains, and the
-/// window ran away on lirs_loop at 1,000 entries (98.7% down to 32%); 8 and 16 did as well
-/// as each other on the grid, and 6 lost the gain of the reversal rule on lirs_zigzag.
+/// Evidence (gain plus loss) per decision: enough that a loss arriving in a burst (many
+/// second chances in one write) does not count as one decision against several small gains.
 const DECIDE_AFTER: f64 = 8.0;
 /// The fewest new keys between two decisions, as a share of the reach: evidence arriving
-/// sooner waits for the next decision. On cache2k_orm-busy at 20,000 entries a run of
-/// rejected keys returning together made ten decisions in 90 new keys, and the window grew
-/// past 25% where a fixed 5% does best; without the limit that cell falls from +0.2 to
-/// -0.26 points against the better peer (16 runs).
+/// sooner waits for the next decision, so that a run of rejected keys returning together
+/// counts once.
 const DECIDE_EVERY: f64 = 0.5;
 /// Lookups per sample of the hit ratio: this many per unit of capacity, within bounds.
 const SAMPLE_PER_UNIT: u64 = 20;
@@ -56,10 +46,7 @@ const SAMPLE_MAX: u64 = 1 << 21;
 /// New keys between two readings of the cache's lookup counters.
 const CHECK_EVERY: u32 = 16;
 /// A sample whose hit ratio is this much (absolute) below the previous one means the
-/// workload changed under the cache: the window starts over. Measured on lirs_sprite, then
-/// lirs_loop, then part of each again (8 runs): at 500, 700, 1,000 and 1,500 entries 52.6%,
-/// 69.0%, 91.6% and 94.3% (moka 49.4%, 68.4%, 88.5%, 90.9%); without the guard the sizer
-/// kept the window large through the loops (52% at 1,000 entries).
+/// workload changed under the cache: the window starts over.
 const COLLAPSE: f64 = 0.25;
 
 /// Lookups the cache has served so far: its hit and miss counters (they only grow).
@@ -211,9 +198,7 @@ impl Sizer {
         if gain == loss {
             // A tie is no evidence either way. Were it to shrink (or grow) the window, the
             // window would settle where one side wins more than half of the decisions rather
-            // than where the two sides balance: on cache2k_web07 at 5,000 entries, with
-            // gains at 55% of the evidence, ties made a shrinking majority and held the
-            // window near 10%.
+            // than where the two sides balance.
             return Resize::Keep;
         }
         let grow = gain > loss;
@@ -221,11 +206,7 @@ impl Sizer {
         self.heading = Some(grow);
         if reverses {
             // One decision against the one before is often noise: moving back and forth
-            // costs hits where no fixed size does (lirs_zigzag at 1,000 entries: windows fixed
-            // anywhere from 0 to 40% of the capacity reached 47.3% to 47.6%, a window moving
-            // back and forth between 0 and 2.5% 46.8%, and 46.9% if held at 1% or more).
-            // Waiting for a second decision, that cell rose from about 0 to +0.4 to +0.6
-            // points against the better peer (32 runs per cell, several times).
+            // costs hits where no fixed size does. Wait for a second decision.
             return Resize::Keep;
         }
         if grow {

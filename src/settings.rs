@@ -1,0 +1,23 @@
+//! The validated configuration a cache is built from.
+
+use std::time::Duration;
+
+use crate::clock::TimeSource;
+
+/// Settings that passed validation.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) max_capacity: usize,
+    pub(crate) initial_capacity: usize,
+    /// Default hard TTL in nanoseconds, if any.
+    pub(crate) time_to_live: Option<u64>,
+    /// How long a load error is cached, in nanoseconds, if at all.
+    pub(crate) negative_ttl: Option<u64>,
+    pub(crate) refresh: crate::refresh::RefreshSettings,
+    pub(crate) max_concurrent_loads: Option<usize>,
+    pub(crate) load_timeout: Option<Duration>,
+    /// Nanoseconds.
+    pub(crate) max_stale: u64,
+    pub(crate) task_spawner: Option<crate::spawn::TaskSpawner>,
+    pub(crate) clock: TimeSource,
+}
