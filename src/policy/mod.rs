@@ -85,6 +85,11 @@ const MIN_SHARD_ENTRIES: u64 = 16_384;
 /// Shards per available core, at most: enough that two writers rarely want the same one.
 const SHARDS_PER_CORE: usize = 4;
 
+/// Entries the frequency sketches of all shards are sized for together, at most (128 MiB of
+/// counters): a cache configured far larger than it will be does not pay for a sketch of
+/// its capacity, and one that large counts its keys coarser.
+const SKETCH_MAX_ENTRIES: u64 = 1 << 24;
+
 /// The cache's policy: one or more shards, each a W-TinyLFU over the keys whose policy key
 /// selects it, under its own lock, with a scratch list of victims reused across writes (an
 /// insert at capacity would otherwise allocate one).
@@ -115,7 +120,8 @@ impl Policy {
             .map(|i| {
                 // The remainder goes to the first shards, so the bounds sum to `max_weight`.
                 let share = max_weight / count as u64 + u64::from(i < max_weight % count as u64);
-                let mut core = tinylfu::Core::new(share, seed.wrapping_add(i));
+                let sketched = share.min(SKETCH_MAX_ENTRIES / count as u64);
+                let mut core = tinylfu::Core::with_sketch(share, sketched, seed.wrapping_add(i));
                 if !weighted {
                     core.reserve(share);
                 }
