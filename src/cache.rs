@@ -4,7 +4,7 @@
 use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -54,12 +54,23 @@ pub(crate) struct Inner<K, V, S> {
     /// Coordinates loads across instances.
     #[cfg(feature = "redis")]
     pub(crate) shared: Option<crate::fleet::RedisTier<K, V>>,
-    /// On a line of its own: every write bumps it, and a line shared with what every read
+    /// On a line of its own: every write bumps these, and a line shared with what every read
     /// loads (the table's root, the hasher) would be taken from the readers' cores each time.
-    versions: CachePadded<AtomicU64>,
+    write_hot: CachePadded<WriteHot>,
+    /// Set (once) when the cache first holds an entry that can expire: from then on, writes
+    /// sweep (see sweep.rs).
+    pub(crate) expiring: AtomicBool,
     // Dropped last: dropping the domain frees this thread's handle, letting the collector
     // run the destructors of the entries retired above.
     pub(crate) domain: Domain,
+}
+
+/// The counters every write advances, together: the second is on a line the first just took.
+#[derive(Default)]
+struct WriteHot {
+    versions: AtomicU64,
+    /// Writes that took their share of the sweep (see sweep.rs).
+    sweep: AtomicUsize,
 }
 
 impl<K, V, S> Clone for Cache<K, V, S> {
@@ -126,7 +137,13 @@ where
                 task_spawner: settings.task_spawner,
                 #[cfg(feature = "redis")]
                 shared,
-                versions: CachePadded::new(AtomicU64::new(1)),
+                write_hot: CachePadded::new(WriteHot {
+                    versions: AtomicU64::new(1),
+                    sweep: AtomicUsize::new(0),
+                }),
+                expiring: AtomicBool::new(
+                    settings.time_to_live.is_some() || settings.negative_ttl.is_some(),
+                ),
                 domain: Domain::new(),
             }),
         })
@@ -249,23 +266,35 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
+        self.invalidate_with(key, |_| ())
+            .is_some_and(|live| live.is_some())
+    }
+
+    /// Removes `key`'s entry (invalidating it in the shared tier first): `None` if there was
+    /// none, else what `read` makes of its live value, if it had one. `read` runs after the
+    /// removal's bookkeeping, so a panic in it (a user `Clone`) loses only its result.
+    pub(crate) fn invalidate_with<Q, R>(
+        &self,
+        key: &Q,
+        read: impl FnOnce(&V) -> R,
+    ) -> Option<Option<R>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         // In progress until the local removal is done (other own writes of the key look).
         #[cfg(feature = "redis")]
         let _written = self.write_through(None, self.pkey(key), None);
         let pinned = self.inner.domain.pin();
         let hash = self.inner.hasher.hash_one(key);
-        match self
+        let node = self
             .inner
             .table
-            .remove(hash, |k| k.borrow() == key, &pinned.guard)
-        {
-            Some(node) => {
-                let live = node.value.live_value(|| self.now()).is_some();
-                self.removed(node, RemovalCause::Invalidated, &pinned);
-                live
-            }
-            None => false,
-        }
+            .remove(hash, |k| k.borrow() == key, &pinned.guard)?;
+        let live = node.value.live_value(|| self.now());
+        self.removed(node, RemovalCause::Invalidated, &pinned);
+        // The guard keeps the removed node alive.
+        Some(live.map(read))
     }
 
     /// Removes every entry (detaching loads in progress). Entries inserted while this runs may
@@ -307,14 +336,17 @@ where
         self.inner.domain.counters().snapshot()
     }
 
-    /// Whether `key` has a live value, without counting a lookup or touching the policy.
-    pub(crate) fn peek_live(&self, key: &K) -> bool {
-        let pinned = self.inner.domain.pin();
+    /// The live value for `key`, without counting a lookup or touching the policy.
+    pub(crate) fn peek_in<'g, Q>(&self, key: &Q, pinned: &'g Pinned<'_>) -> Option<&'g V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let hash = self.inner.hasher.hash_one(key);
         self.inner
             .table
-            .get(hash, |k| k == key, &pinned.guard)
-            .is_some_and(|n| n.value.live_value(|| self.now()).is_some())
+            .get(hash, |k| k.borrow() == key, &pinned.guard)
+            .and_then(|n| n.value.live_value(|| self.now()))
     }
 
     #[inline]
@@ -348,13 +380,23 @@ where
                     .state(self.now(), expires_at, delta, failures),
             )
         });
+        self.note_expiry(expires_at);
         Entry::ready(self.next_version(), pkey, value, expires_at, refresh)
     }
 
     /// A fresh version, unique within the cache.
     pub(crate) fn next_version(&self) -> u64 {
         // Relaxed: versions need uniqueness, which the RMW gives; they order nothing.
-        self.inner.versions.fetch_add(1, Ordering::Relaxed)
+        self.inner
+            .write_hot
+            .versions
+            .fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The number of this write among the writes that sweep (see sweep.rs).
+    pub(crate) fn next_sweep(&self) -> usize {
+        // Relaxed: the count only spreads the writes' shares of the sweep over the table.
+        self.inner.write_hot.sweep.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Finds a live value, counting the hit or miss and removing an expired entry found.
@@ -444,8 +486,8 @@ where
 /// It cannot be sent to another thread; while it lives, no entry removed from the cache is
 /// freed.
 pub struct CacheGuard<'a, K, V, S = DefaultHashBuilder> {
-    cache: &'a Cache<K, V, S>,
-    pinned: Pinned<'a>,
+    pub(crate) cache: &'a Cache<K, V, S>,
+    pub(crate) pinned: Pinned<'a>,
 }
 
 impl<K, V, S> fmt::Debug for CacheGuard<'_, K, V, S> {

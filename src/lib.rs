@@ -248,6 +248,25 @@
 //! it or a newer one. [`Cache::invalidate_all`] and [`Cache::entry_count`] are not atomic
 //! across keys: entries inserted while `invalidate_all` runs may survive it.
 //!
+//! # Walking and inspecting the cache
+//!
+//! [`CacheGuard::iter`] borrows every live entry and [`Cache::retain`] removes those a
+//! predicate rejects; both are weakly consistent (an entry present throughout is seen once,
+//! one written meanwhile may or may not be) and take no lock. [`Cache::peek`] reads a value
+//! without counting a lookup or marking it used, [`Cache::remove`] returns the value it
+//! removes, and [`Cache::weighted_size`] is what `max_capacity` bounds.
+//!
+//! ```
+//! let cache = herdcache::Cache::builder().max_capacity(100).build()?;
+//! for i in 0..10u32 {
+//!     cache.insert(i, i * i);
+//! }
+//! cache.retain(|_k, v| v % 2 == 0);
+//! let sum: u32 = cache.pin().iter().map(|(_k, v)| v).sum();
+//! assert_eq!(sum, 0 + 4 + 16 + 36 + 64);
+//! # Ok::<(), herdcache::BuildError>(())
+//! ```
+//!
 //! # User code and panics
 //!
 //! The cache runs your code: the key's `Hash`, `Eq` and `Clone`, the value's `Clone` and
@@ -283,6 +302,7 @@
 mod builder;
 mod cache;
 mod clock;
+mod entries;
 mod entry;
 mod error;
 #[cfg(feature = "redis")]
@@ -300,6 +320,7 @@ mod rng;
 mod settings;
 mod spawn;
 mod stats;
+mod sweep;
 mod sync;
 // The table's items are `pub` for the raw API that the fuzz and loom crates see (`raw`
 // below); in other builds nothing outside the crate can reach them.
@@ -311,6 +332,7 @@ mod warm;
 pub use builder::{CacheBuilder, MAX_CAPACITY_LIMIT, MAX_DURATION, MAX_INITIAL_CAPACITY};
 pub use cache::{Cache, CacheGuard};
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use entries::Iter;
 pub use error::BuildError;
 pub use load::LoadError;
 pub use refresh::RefreshJob;

@@ -269,5 +269,6 @@ where
         for (old, cause) in evicted {
             self.notify(old, cause);
         }
+        self.sweep_after_write(pinned);
     }
 }

@@ -292,7 +292,7 @@ where
         E: Send + Sync + 'static,
     {
         let run = || {
-            if self.peek_live(key) {
+            if self.peek_in(key, &self.inner.domain.pin()).is_some() {
                 return Outcome::Skipped;
             }
             let load = |k: &K| {

@@ -194,6 +194,42 @@ fn invalidate_all_reaches_the_shared_tier_and_every_instance() {
 }
 
 #[test]
+fn remove_and_retain_invalidate_in_the_shared_tier_and_every_instance() {
+    let Some(redis) = RedisServer::start("remove_and_retain_reach_every_instance") else {
+        return;
+    };
+    let (a, b) = (
+        instance(&redis.url(), "c11:"),
+        instance(&redis.url(), "c11:"),
+    );
+    subscribed(&redis, "c11:", 2);
+    let source = Source::default();
+    let key = |i: usize| format!("k{i}");
+    for i in 0..4 {
+        a.get_or_load(&key(i), source.load()).unwrap();
+        b.get_or_load(&key(i), source.load()).unwrap();
+    }
+    assert_eq!(source.loads.load(Ordering::SeqCst), 4, "B took A's values");
+    let new = source.change();
+    assert_eq!(a.remove("k0").as_deref(), Some("v0"));
+    a.retain(|k, _| k != "k1");
+    wait_until("B drops its copies", || {
+        b.get("k0").is_none() && b.get("k1").is_none()
+    });
+    for cache in [&a, &b, &instance(&redis.url(), "c11:")] {
+        for (i, expected) in [(0, &new), (1, &new), (2, &"v0".to_owned())] {
+            let v = cache.get_or_load(&key(i), source.load()).unwrap();
+            assert_eq!(&v, expected, "{}", key(i));
+        }
+    }
+    assert_eq!(
+        source.loads.load(Ordering::SeqCst),
+        6,
+        "one load for the fleet per key removed"
+    );
+}
+
+#[test]
 fn a_load_that_raced_an_invalidation_never_puts_the_old_value_back() {
     let Some(redis) = RedisServer::start("a_load_that_raced_an_invalidation") else {
         return;

@@ -14,8 +14,18 @@ enum Op {
     InsertWithTtl(u8, u32, u16),
     Get(u8),
     Invalidate(u8),
+    Remove(u8),
+    Peek(u8),
+    /// Keeps the entries whose key plus value is not a multiple of this.
+    Retain(u8),
+    Iter,
     InvalidateAll,
     Advance(u16),
+}
+
+/// The predicate of `Op::Retain(m)`.
+fn kept(m: u8, k: u8, v: u32) -> bool {
+    (u32::from(k) + v) % u32::from(m.max(1)) != 0
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -24,6 +34,10 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (any::<u8>(), any::<u32>(), 0..3_000u16).prop_map(|(k, v, t)| Op::InsertWithTtl(k, v, t)),
         6 => any::<u8>().prop_map(Op::Get),
         2 => any::<u8>().prop_map(Op::Invalidate),
+        2 => any::<u8>().prop_map(Op::Remove),
+        2 => any::<u8>().prop_map(Op::Peek),
+        1 => (2..6u8).prop_map(Op::Retain),
+        1 => Just(Op::Iter),
         1 => Just(Op::InvalidateAll),
         2 => (0..1_500u16).prop_map(Op::Advance),
     ]
@@ -37,12 +51,28 @@ struct Model {
 }
 
 impl Model {
+    fn live_entries(&self) -> HashMap<u8, u32> {
+        (0..=u8::MAX)
+            .filter_map(|k| self.live(k).map(|v| (k, v)))
+            .collect()
+    }
+
     fn live(&self, k: u8) -> Option<u32> {
         self.map
             .get(&k)
             .filter(|(_, exp)| self.now < *exp)
             .map(|(v, _)| *v)
     }
+}
+
+/// The cache's live entries as `iter` yields them; fails on a key yielded twice.
+fn iterated(cache: &Cache<u8, u32>) -> Result<HashMap<u8, u32>, TestCaseError> {
+    let guard = cache.pin();
+    let mut seen = HashMap::new();
+    for (k, v) in guard.iter() {
+        prop_assert!(seen.insert(*k, *v).is_none(), "key {} yielded twice", k);
+    }
+    Ok(seen)
 }
 
 /// Applies the ops both properties treat alike (writes and clock moves) to the cache and the
@@ -95,13 +125,31 @@ proptest! {
                     model.map.remove(&k);
                     prop_assert_eq!(cache.invalidate(&k), expected, "invalidate {}", k);
                 }
+                Op::Remove(k) => {
+                    let expected = model.live(k);
+                    model.map.remove(&k);
+                    prop_assert_eq!(cache.remove(&k), expected, "remove {}", k);
+                }
+                Op::Peek(k) => {
+                    let requests = cache.stats().requests();
+                    prop_assert_eq!(cache.peek(&k), model.live(k), "peek {}", k);
+                    prop_assert_eq!(cache.stats().requests(), requests, "peek counted");
+                }
+                Op::Retain(m) => {
+                    let now = model.now;
+                    model.map.retain(|&k, &mut (v, exp)| now >= exp || kept(m, k, v));
+                    cache.retain(|&k, &v| kept(m, k, v));
+                }
+                Op::Iter => prop_assert_eq!(iterated(&cache)?, model.live_entries()),
                 Op::InvalidateAll => {
                     cache.invalidate_all();
                     model.map.clear();
                 }
                 _ => unreachable!("applied by apply_write"),
             }
+            prop_assert_eq!(cache.weighted_size(), cache.entry_count());
         }
+        prop_assert_eq!(iterated(&cache)?, model.live_entries());
         for k in 0..=u8::MAX {
             prop_assert_eq!(cache.get(&k), model.live(k), "final get {}", k);
         }
@@ -130,6 +178,30 @@ proptest! {
                         cache.invalidate(&k);
                         prop_assert_eq!(cache.get(&k), None);
                     }
+                    Op::Remove(k) => {
+                        let removed = cache.remove(&k);
+                        if removed.is_some() {
+                            prop_assert_eq!(removed, model.live(k), "remove {}", k);
+                        }
+                        model.map.remove(&k);
+                        prop_assert_eq!(cache.get(&k), None);
+                    }
+                    Op::Peek(k) => {
+                        if let Some(v) = cache.peek(&k) {
+                            prop_assert_eq!(Some(v), model.live(k), "peek {}", k);
+                        }
+                    }
+                    Op::Retain(m) => {
+                        cache.retain(|&k, &v| kept(m, k, v));
+                        for (k, v) in iterated(&cache)? {
+                            prop_assert!(kept(m, k, v), "{} -> {} kept", k, v);
+                        }
+                    }
+                    Op::Iter => {
+                        for (k, v) in iterated(&cache)? {
+                            prop_assert_eq!(Some(v), model.live(k), "iter {}", k);
+                        }
+                    }
                     Op::InvalidateAll => {
                         cache.invalidate_all();
                         model.map.clear();
@@ -139,6 +211,7 @@ proptest! {
                 }
             }
             prop_assert!(cache.entry_count() <= cap, "{} > {}", cache.entry_count(), cap);
+            prop_assert!(cache.weighted_size() <= cap, "{} > {}", cache.weighted_size(), cap);
         }
     }
 }

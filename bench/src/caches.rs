@@ -87,6 +87,34 @@ impl<const PIN_BATCH: bool> BenchCache for HerdcacheReads<PIN_BATCH> {
     }
 }
 
+/// herdcache with a time to live (an hour: nothing expires in a run), so that every write
+/// computes an expiry and takes its share of the expiry sweep.
+pub struct HerdcacheTtl(pub herdcache::Cache<u64, u64, Hasher>);
+
+impl BenchCache for HerdcacheTtl {
+    const NAME: &'static str = "herdcache (TTL)";
+    const BOUNDED: bool = true;
+    fn with_capacity(capacity: usize) -> Self {
+        HerdcacheTtl(
+            herdcache::Cache::builder()
+                .max_capacity(capacity as u64)
+                .initial_capacity(capacity)
+                .time_to_live(std::time::Duration::from_secs(3_600))
+                .hasher(Hasher::default())
+                .build()
+                .expect("valid settings"),
+        )
+    }
+    #[inline]
+    fn get(&self, key: u64) -> Option<u64> {
+        self.0.get(&key)
+    }
+    #[inline]
+    fn insert(&self, key: u64, value: u64) {
+        self.0.insert(key, value)
+    }
+}
+
 /// `moka::sync::Cache` (TinyLFU admission, LRU eviction).
 pub struct Moka(pub moka::sync::Cache<u64, u64, Hasher>);
 

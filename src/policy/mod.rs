@@ -140,6 +140,14 @@ impl Policy {
         self.shards.len()
     }
 
+    /// Total weight held, summed over the shards (each locked in turn).
+    pub(crate) fn weight(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).0.weight())
+            .sum()
+    }
+
     /// Runs `f` on the locked shard of `pkey` (a write or a removal). The policy runs no user
     /// code, so a panic while it is held cannot leave it half-updated by a caller: it is
     /// taken over.

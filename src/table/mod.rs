@@ -514,9 +514,25 @@ impl<K, V> Table<K, V> {
     /// Iterates over the live nodes. Weakly consistent: every node live for the whole
     /// iteration is yielded once; nodes inserted or removed meanwhile may or may not be.
     pub fn iter<'g>(&self, guard: &'g Guard) -> Iter<'g, K, V> {
+        let array = self.newest(guard);
         Iter {
-            array: self.newest(guard),
+            array,
             index: 0,
+            end: array.len(),
+            guard,
+        }
+    }
+
+    /// Iterates over the live nodes of at most `count` slots from slot `start` (taken modulo
+    /// the slot count, so a cursor that only grows walks the whole table in turn), weakly
+    /// consistent as [`iter`](Self::iter).
+    pub fn iter_slots<'g>(&self, start: usize, count: usize, guard: &'g Guard) -> Iter<'g, K, V> {
+        let array = self.newest(guard);
+        let index = start & array.mask;
+        Iter {
+            array,
+            index,
+            end: index.saturating_add(count).min(array.len()),
             guard,
         }
     }
@@ -527,6 +543,7 @@ impl<K, V> Table<K, V> {
 pub struct Iter<'g, K, V> {
     array: &'g SlotArray<K, V>,
     index: usize,
+    end: usize,
     guard: &'g Guard,
 }
 
@@ -542,7 +559,7 @@ impl<'g, K, V> Iterator for Iter<'g, K, V> {
     type Item = &'g Node<K, V>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        while self.index < self.array.len() {
+        while self.index < self.end {
             let i = self.index;
             self.index += 1;
             let p = self.array.slots[i].load(Ordering::Acquire, self.guard);

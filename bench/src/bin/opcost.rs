@@ -6,12 +6,13 @@
 //! --ops 200000`, then again with `--ops 400000`. Operations: `insert` (keys never seen,
 //! on a full cache of `--capacity` entries: each evicts), `get` (uniform hits over the
 //! capacity's keys, one `get` each), `cache-aside` (`get`, and `insert` on a miss, Zipf(1.0)
-//! over 10x the capacity). Caches: `herdcache` (default), `quick_cache`, `Mutex<LruCache>`.
+//! over 10x the capacity). Caches: `herdcache` (default), `herdcache (TTL)` (an hour's time to live: writes
+//! compute an expiry and sweep), `quick_cache`, `Mutex<LruCache>`.
 
 use std::hint::black_box;
 
 use herdcache_bench::args::{exit_usage, Flags};
-use herdcache_bench::caches::{BenchCache, Herdcache, MutexLru, QuickCache};
+use herdcache_bench::caches::{BenchCache, Herdcache, HerdcacheTtl, MutexLru, QuickCache};
 use herdcache_bench::workload::{keys, Distribution};
 
 const USAGE: &str = "opcost --op insert|get|cache-aside [--ops N] [--capacity N] [--cache NAME]";
@@ -71,6 +72,7 @@ fn main() {
     }
     match flags.raw("--cache").pop().as_deref().unwrap_or("herdcache") {
         "herdcache" => run::<Herdcache>(&op, ops, capacity),
+        "herdcache (TTL)" => run::<HerdcacheTtl>(&op, ops, capacity),
         "quick_cache" => run::<QuickCache>(&op, ops, capacity),
         "Mutex<LruCache>" => run::<MutexLru>(&op, ops, capacity),
         other => exit_usage(&format!("unknown cache {other:?}"), USAGE),
