@@ -21,6 +21,8 @@
 //! the same abandoned flight as above; the caller that handed it over gets
 //! `LoadError::Cancelled`, since its loader went with the task.
 
+use std::borrow::Borrow;
+use std::convert::Infallible;
 use std::future::Future;
 use std::hash::{BuildHasher, Hash};
 use std::pin::{pin, Pin};
@@ -76,8 +78,14 @@ where
     /// assert_eq!(cache.get(&7), Some(14));
     /// # Ok::<(), herdcache::BuildError>(())
     /// ```
-    pub async fn get_or_load_async<E, F, Fut>(&self, key: &K, loader: F) -> Result<V, LoadError<E>>
+    pub async fn get_or_load_async<Q, E, F, Fut>(
+        &self,
+        key: &Q,
+        loader: F,
+    ) -> Result<V, LoadError<E>>
     where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         F: FnOnce(&K) -> Fut,
         Fut: Future<Output = Result<V, E>>,
         E: Send + Sync + 'static,
@@ -91,6 +99,60 @@ where
         .await
     }
 
+    /// The value for `key`; on a miss, computes it with `init`'s future, once however many
+    /// callers, futures or threads, miss together: [`get_with`](Self::get_with) for futures,
+    /// or [`get_or_load_async`](Self::get_or_load_async) for a loader that cannot fail.
+    ///
+    /// # Panics
+    ///
+    /// As [`get_with`](Self::get_with): if `init`'s future panics, or if it awaits this cache
+    /// for the key it is computing.
+    ///
+    /// ```
+    /// # fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    /// #     use std::task::{Context, Poll, Waker};
+    /// #     let mut f = std::pin::pin!(f);
+    /// #     let mut cx = Context::from_waker(Waker::noop());
+    /// #     loop { if let Poll::Ready(v) = f.as_mut().poll(&mut cx) { return v; } }
+    /// # }
+    /// let cache = herdcache::Cache::builder().max_capacity(100).build()?;
+    /// let len = block_on(cache.get_with_async("four", |k: &String| {
+    ///     let n = k.len();
+    ///     async move { n }
+    /// }));
+    /// assert_eq!(len, 4);
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    pub async fn get_with_async<Q, F, Fut>(&self, key: &Q, init: F) -> V
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        F: FnOnce(&K) -> Fut,
+        Fut: Future<Output = V>,
+    {
+        // As in `get_with`: taken only by a call that leads, which returns or unwinds.
+        let mut init = Some(init);
+        loop {
+            let loaded = self
+                .get_or_load_async(key, |k| {
+                    let fut = init.take().map(|f| f(k));
+                    async move {
+                        match fut {
+                            Some(fut) => Ok::<V, Infallible>(fut.await),
+                            None => unreachable!(
+                                "get_with_async's init ran in a call that then looked again"
+                            ),
+                        }
+                    }
+                })
+                .await;
+            match loaded {
+                Ok(v) => return v,
+                Err(e) => Self::retry_infallible(e),
+            }
+        }
+    }
+
     /// Like [`get_or_load_async`](Self::get_or_load_async), but a caller that has to wait for
     /// another caller's load (or for a load permit) gives up when `deadline` completes: pass
     /// your runtime's timer, e.g. `tokio::time::sleep(Duration::from_millis(50))`.
@@ -99,13 +161,15 @@ where
     /// was kept, else [`LoadError::Timeout`]; the load carries on for the others. A caller that
     /// leads the load runs it to completion (the deadline bounds waiting, not loading). The
     /// deadline future is polled only while the caller waits.
-    pub async fn get_or_load_async_until<E, F, Fut, D>(
+    pub async fn get_or_load_async_until<Q, E, F, Fut, D>(
         &self,
-        key: &K,
+        key: &Q,
         deadline: D,
         loader: F,
     ) -> Result<V, LoadError<E>>
     where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         F: FnOnce(&K) -> Fut,
         Fut: Future<Output = Result<V, E>>,
         E: Send + Sync + 'static,
@@ -148,12 +212,14 @@ where
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn get_or_load_spawned<E, F, Fut>(
+    pub async fn get_or_load_spawned<Q, E, F, Fut>(
         &self,
-        key: &K,
+        key: &Q,
         loader: F,
     ) -> Result<V, LoadError<E>>
     where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         F: FnOnce(&K) -> Fut + Send + 'static,
         Fut: Future<Output = Result<V, E>> + Send + 'static,
         E: Send + Sync + 'static,
@@ -169,13 +235,15 @@ where
     /// load (its own spawned one included) or for a load permit only until `deadline`
     /// completes. It then returns the expired value the load is replacing if one was kept,
     /// else [`LoadError::Timeout`]; the load carries on and is cached.
-    pub async fn get_or_load_spawned_until<E, F, Fut, D>(
+    pub async fn get_or_load_spawned_until<Q, E, F, Fut, D>(
         &self,
-        key: &K,
+        key: &Q,
         deadline: D,
         loader: F,
     ) -> Result<V, LoadError<E>>
     where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         F: FnOnce(&K) -> Fut + Send + 'static,
         Fut: Future<Output = Result<V, E>> + Send + 'static,
         E: Send + Sync + 'static,
@@ -266,14 +334,16 @@ where
 
     /// The futures' miss path; `hand_off` says whether a load this caller wins runs inline or
     /// on the task spawner.
-    async fn load_async<E, F, Fut, D>(
+    async fn load_async<Q, E, F, Fut, D>(
         &self,
-        key: &K,
+        key: &Q,
         deadline: Option<D>,
         loader: F,
         hand_off: impl Fn(Lead<K, V, S>, F) -> Handoff<K, V, S, F>,
     ) -> Result<V, LoadError<E>>
     where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         F: FnOnce(&K) -> Fut,
         Fut: Future<Output = Result<V, E>>,
         E: Send + Sync + 'static,
@@ -284,7 +354,7 @@ where
         let mut loader = Some(loader);
         let mut held = None;
         loop {
-            let (flight, ours) = match self.step::<E>(key, hash, &mut held) {
+            let (flight, ours) = match self.step::<Q, E>(key, hash, &mut held) {
                 Step::Done(r) => return r,
                 Step::Lead(lead) => {
                     // The loader is gone only once it was handed to a task that then was

@@ -10,6 +10,7 @@
 
 use std::any::Any;
 use std::borrow::Borrow;
+use std::convert::Infallible;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -131,6 +132,11 @@ where
     /// it: the next call for the key does not load again. Errors are not cached unless
     /// [`negative_ttl`](crate::CacheBuilder::negative_ttl) is set.
     ///
+    /// `key` may be any borrowed form of the key, as for [`get`](Self::get) (`&str` for
+    /// `String` keys): a hit allocates nothing, and the key is made owned (`ToOwned`) only
+    /// when this call starts a load; the loader gets the owned key. The same holds for every
+    /// loading call.
+    ///
     /// A loader that panics wakes every waiter with [`LoadError::Panicked`] and its panic
     /// continues in this caller. With a [`load_timeout`](crate::CacheBuilder::load_timeout),
     /// waiters stop waiting for a loader that hangs: see there. A loader that calls back into this cache for the same key gets
@@ -145,8 +151,10 @@ where
     /// assert_eq!(v.unwrap(), 14);
     /// # Ok::<(), herdcache::BuildError>(())
     /// ```
-    pub fn get_or_load<E, F>(&self, key: &K, loader: F) -> Result<V, LoadError<E>>
+    pub fn get_or_load<Q, E, F>(&self, key: &Q, loader: F) -> Result<V, LoadError<E>>
     where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         F: FnOnce(&K) -> Result<V, E>,
         E: Send + Sync + 'static,
     {
@@ -163,13 +171,15 @@ where
     /// one was kept, else [`LoadError::Timeout`]; the load carries on and its result is cached
     /// and delivered to the callers still waiting. A caller that leads the load runs the loader
     /// to completion (the deadline bounds waiting, not loading).
-    pub fn get_or_load_timeout<E, F>(
+    pub fn get_or_load_timeout<Q, E, F>(
         &self,
-        key: &K,
+        key: &Q,
         timeout: Duration,
         loader: F,
     ) -> Result<V, LoadError<E>>
     where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         F: FnOnce(&K) -> Result<V, E>,
         E: Send + Sync + 'static,
     {
@@ -188,8 +198,10 @@ where
     /// spawner it behaves as `get_or_load`.
     ///
     /// The loader may outlive the call, hence `Send + 'static`.
-    pub fn get_or_load_background<E, F>(&self, key: &K, loader: F) -> Result<V, LoadError<E>>
+    pub fn get_or_load_background<Q, E, F>(&self, key: &Q, loader: F) -> Result<V, LoadError<E>>
     where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         F: FnOnce(&K) -> Result<V, E> + Send + 'static,
         E: Send + Sync + 'static,
         S: Send + Sync + 'static,
@@ -210,6 +222,62 @@ where
                 Ok(current)
             }
             _ => Self::run_lead(lead, loader),
+        }
+    }
+
+    /// The value for `key`; on a miss, computes it with `init`, once however many callers
+    /// miss together: [`get_or_load`](Self::get_or_load) for a loader that cannot fail, with
+    /// no `Result` at either end.
+    ///
+    /// Whatever ends a load without a value for this caller makes it look again (and lead
+    /// the next load if nobody else does): another caller's `init` panicking (the panic
+    /// continues in that caller), or a load detached past the cache's
+    /// [`load_timeout`](crate::CacheBuilder::load_timeout).
+    ///
+    /// # Panics
+    ///
+    /// If `init` panics (the load's waiters look again), or if `init` calls back into the
+    /// cache for the key it is computing, which would otherwise wait for itself for ever.
+    ///
+    /// ```
+    /// let cache = herdcache::Cache::builder().max_capacity(100).build()?;
+    /// let len = cache.get_with("four", |k: &String| k.len());
+    /// assert_eq!(len, 4);
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    pub fn get_with<Q, F>(&self, key: &Q, init: F) -> V
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        F: FnOnce(&K) -> V,
+    {
+        // Taken only by a call that leads, which returns its value or unwinds: a call that
+        // looks again still holds it.
+        let mut init = Some(init);
+        loop {
+            let loaded = self.get_or_load(key, |k| match init.take() {
+                Some(f) => Ok::<V, Infallible>(f(k)),
+                None => unreachable!("get_with's init ran in a call that then looked again"),
+            });
+            match loaded {
+                Ok(v) => return v,
+                Err(e) => Self::retry_infallible(e),
+            }
+        }
+    }
+
+    /// What `get_with` and `get_with_async` make of a load that ended without a value: a
+    /// re-entry is a bug in the caller's `init`; anything else is worth another look.
+    pub(crate) fn retry_infallible(e: LoadError<Infallible>) {
+        match e {
+            LoadError::Failed(never) => match *never {},
+            LoadError::Recursive => {
+                panic!("get_with: init called back into the cache for the key it computes")
+            }
+            LoadError::Panicked
+            | LoadError::Timeout
+            | LoadError::LoadTimedOut
+            | LoadError::Cancelled => {}
         }
     }
 
@@ -263,7 +331,11 @@ where
     /// returns its permit. The loader, if it ever returns, finds its version gone.
     /// Returns whether it did (false: the flight was completed, or is being, by someone
     /// else).
-    pub(crate) fn time_out(&self, key: &K, hash: u64, flight: &Arc<Flight<V>>) -> bool {
+    pub(crate) fn time_out<Q>(&self, key: &Q, hash: u64, flight: &Arc<Flight<V>>) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         // Claimed first: if the leader has claimed, its result is about to be published and
         // wins; if we claim, the leader will publish nothing, even if it finishes now.
         if !flight.claim() {
@@ -283,15 +355,20 @@ where
 
     /// `time_out`'s table work: puts a refresh's still-valid value back, or removes the
     /// flight's `Loading` entry, if the slot still holds it.
-    fn detach(&self, key: &K, hash: u64, flight: &Arc<Flight<V>>) {
+    fn detach<Q>(&self, key: &Q, hash: u64, flight: &Arc<Flight<V>>)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let now = self.now();
         // The value to put back runs user code (`Clone`, the weigher): if it panics, the
         // load is removed instead, so the flight still completes.
         let restore = catch_unwind(AssertUnwindSafe(|| {
             flight.serving(|| now).map(|v| {
-                let weight = self.weight_of(key, v);
-                let entry = self.put_back_entry(self.pkey(key), flight, v.clone());
-                (Owned::new(Node::new(hash, key.clone(), entry)), weight)
+                let key = key.to_owned();
+                let weight = self.weight_of(&key, v);
+                let entry = self.put_back_entry(self.pkey(&key), flight, v.clone());
+                (Owned::new(Node::new(hash, key, entry)), weight)
             })
         }))
         .unwrap_or(None);
@@ -321,12 +398,16 @@ where
 
     /// The result of a flight this caller found overdue: it detaches it, or, if the leader
     /// claimed it first, waits the moment until the leader publishes.
-    pub(crate) fn timed_out_result<'f>(
+    pub(crate) fn timed_out_result<'f, Q>(
         &self,
-        key: &K,
+        key: &Q,
         hash: u64,
         flight: &'f Arc<Flight<V>>,
-    ) -> Option<&'f FlightResult<V>> {
+    ) -> Option<&'f FlightResult<V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         self.time_out(key, hash, flight);
         flight.result().or_else(|| flight.wait(None))
     }
@@ -357,8 +438,10 @@ where
     /// The miss path up to the loader, for a thread: a hit, a joined flight, a cached error
     /// or a throttled caller end here (`Done`); a caller that wins the install gets the
     /// `Lead` to run.
-    fn begin<E>(&self, key: &K, deadline: Option<Instant>) -> Begin<K, V, S, E>
+    fn begin<Q, E>(&self, key: &Q, deadline: Option<Instant>) -> Begin<K, V, S, E>
     where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         E: Send + Sync + 'static,
     {
         let hash = self.inner.hasher.hash_one(key);
@@ -402,13 +485,23 @@ where
 
     /// One look at the key, which never blocks: what the caller does next. `held` is a permit
     /// the caller obtained by waiting (taken if this step leads).
-    pub(crate) fn step<E>(&self, key: &K, hash: u64, held: &mut Option<Permit>) -> Step<K, V, S, E>
+    pub(crate) fn step<Q, E>(
+        &self,
+        key: &Q,
+        hash: u64,
+        held: &mut Option<Permit>,
+    ) -> Step<K, V, S, E>
     where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         E: Send + Sync + 'static,
     {
         loop {
             let pinned = self.inner.domain.pin();
-            let current = self.inner.table.get(hash, |k| k == key, &pinned.guard);
+            let current = self
+                .inner
+                .table
+                .get(hash, |k| k.borrow() == key, &pinned.guard);
             // What a load started now replaces: the previous value with its hard expiry, and
             // the previous entry's load-time estimate and refresh failures.
             let mut replaced: Option<(V, u64)> = None;
@@ -515,8 +608,8 @@ where
             let loading = Entry::loading(version, pkey, Arc::clone(&flight));
             // Both clones of the key (user code) before the install: once our `Loading` entry
             // is in the table, only the `Lead` (whose drop settles it) may run user code.
-            let node = Owned::new(Node::new(hash, key.clone(), loading));
-            let lead_key = key.clone();
+            let node = Owned::new(Node::new(hash, key.to_owned(), loading));
+            let lead_key = key.to_owned();
             let decide = |cur: Option<&Node<K, Entry<V>>>| {
                 if cur.map(|n| n.value.version) == seen {
                     Decision::Put
@@ -524,10 +617,13 @@ where
                     Decision::Keep
                 }
             };
-            let outcome =
-                self.inner
-                    .table
-                    .update(hash, |k| k == key, Some(node), decide, &pinned.guard);
+            let outcome = self.inner.table.update(
+                hash,
+                |k| k.borrow() == key,
+                Some(node),
+                decide,
+                &pinned.guard,
+            );
             match outcome {
                 Outcome::Inserted(_) => {}
                 Outcome::Replaced(old, _) => {

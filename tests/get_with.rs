@@ -1,0 +1,124 @@
+//! `get_with` and `get_with_async`: single flight for a loader that cannot fail, where
+//! whatever ends a load without a value (another caller's panic) makes the caller look again.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Barrier;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use herdcache::Cache;
+
+type C = Cache<String, String>;
+
+fn cache() -> C {
+    Cache::builder().max_capacity(100).build().unwrap()
+}
+
+/// Spins until `waiters` callers have joined a load on `c` (failing after 30 s).
+fn await_waiters(c: &C, waiters: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c.stats().coalesced_waits < waiters {
+        assert!(
+            Instant::now() < deadline,
+            "{waiters} waiters did not join the load within 30 s"
+        );
+        thread::yield_now();
+    }
+}
+
+#[test]
+fn threads_missing_together_run_init_once() {
+    let c = cache();
+    let calls = AtomicUsize::new(0);
+    let n = 6;
+    let barrier = Barrier::new(n);
+    let results: Vec<String> = thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|_| {
+                s.spawn(|| {
+                    barrier.wait();
+                    c.get_with("k", |k| {
+                        calls.fetch_add(1, Ordering::SeqCst);
+                        await_waiters(&c, n as u64 - 1);
+                        format!("{k}!")
+                    })
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert!(results.iter().all(|v| v == "k!"), "{results:?}");
+    assert_eq!(c.get("k").as_deref(), Some("k!"));
+}
+
+#[test]
+fn a_waiter_whose_leader_panicked_computes_the_value_itself() {
+    let c = cache();
+    thread::scope(|s| {
+        let leader = s.spawn(|| {
+            catch_unwind(AssertUnwindSafe(|| {
+                c.get_with("k", |_| -> String {
+                    await_waiters(&c, 1);
+                    panic!("user code: init panics")
+                })
+            }))
+        });
+        // Joins the leader's load (once it has started), then leads the next one itself.
+        while c.stats().loads == 0 {
+            thread::yield_now();
+        }
+        let v = c.get_with("k", |_| "from the waiter".to_owned());
+        assert_eq!(v, "from the waiter");
+        assert!(
+            leader.join().unwrap().is_err(),
+            "the leader's panic reached it"
+        );
+    });
+    assert_eq!(c.stats().load_panics, 1);
+    assert_eq!(c.get("k").as_deref(), Some("from the waiter"));
+}
+
+#[test]
+fn an_init_that_reenters_its_own_key_panics_instead_of_waiting_for_itself() {
+    let c = cache();
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        c.get_with("k", |_| c.get_with("k", |_| "inner".to_owned()))
+    }));
+    let msg = r.expect_err("re-entry must panic");
+    let msg = msg
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| msg.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    assert!(msg.contains("called back into the cache"), "{msg}");
+    // The key is usable afterwards.
+    assert_eq!(c.get_with("k", |_| "v".to_owned()), "v");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn futures_missing_together_run_init_once() {
+    let c = cache();
+    let calls = std::sync::Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..20)
+        .map(|_| {
+            let (c, calls) = (c.clone(), calls.clone());
+            tokio::spawn(async move {
+                c.get_with_async("k", |k: &String| {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    let v = format!("{k}?");
+                    async move {
+                        tokio::task::yield_now().await;
+                        v
+                    }
+                })
+                .await
+            })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), "k?");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
