@@ -1,5 +1,6 @@
 //! The cache as a collection: walking its entries (`CacheGuard::iter`, `Cache::retain`),
-//! reading one without counting it (`peek`), taking one out (`remove`) and its total weight.
+//! reading one without counting it (`peek`), taking one out (`remove`), its total weight,
+//! and its keys as the eviction policy ranks them (`hottest`, `coldest`).
 
 use std::borrow::Borrow;
 use std::fmt;
@@ -81,6 +82,70 @@ where
     /// ```
     pub fn weighted_size(&self) -> u64 {
         self.inner.policy.weight()
+    }
+
+    /// The keys of the `n` live entries the eviction policy values most, most valued first:
+    /// by how often their keys have been used recently (the policy's frequency estimate, and
+    /// the entry's hits the policy has not looked at yet), then by how long they would stay. With [`warm`](Self::warm) this restores a hot set
+    /// after a restart: record it at shutdown or periodically, warm from it at start.
+    ///
+    /// It walks every entry the policy tracks, each shard of the policy under its lock in
+    /// turn (writes to that shard wait meanwhile): O(entries * log n); an occasional call,
+    /// not one per request.
+    ///
+    /// ```
+    /// let cache = herdcache::Cache::builder().max_capacity(100).build()?;
+    /// for k in 0..10u32 {
+    ///     cache.insert(k, k);
+    /// }
+    /// for _ in 0..3 {
+    ///     cache.get(&7);
+    /// }
+    /// assert_eq!(cache.hottest(1), [7]);
+    /// assert!(!cache.coldest(9).contains(&7));
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    pub fn hottest(&self, n: usize) -> Vec<K>
+    where
+        K: Clone,
+    {
+        self.ranked_keys(n, true)
+    }
+
+    /// The keys of the `n` live entries the eviction policy values least, least valued first:
+    /// roughly the next to be evicted. The same walk as [`hottest`](Self::hottest).
+    pub fn coldest(&self, n: usize) -> Vec<K>
+    where
+        K: Clone,
+    {
+        self.ranked_keys(n, false)
+    }
+
+    fn ranked_keys(&self, n: usize, hottest: bool) -> Vec<K>
+    where
+        K: Clone,
+    {
+        let pinned = self.inner.domain.pin();
+        let table = &self.inner.table;
+        // As the policy's probe finds nodes: by policy key, no user code under its lock.
+        let pending = |pkey: u64, hash: u64| {
+            table
+                .get_node(hash, |n| n.value.pkey == pkey, &pinned.guard)
+                .map_or(0, |n| u64::from(n.value.policy.pending_hits()))
+        };
+        let ranked = self.inner.policy.ranked(n, hottest, &pending);
+        let now = self.now();
+        ranked
+            .iter()
+            .filter_map(|r| {
+                let node =
+                    self.inner
+                        .table
+                        .get_node(r.hash, |n| n.value.pkey == r.pkey, &pinned.guard)?;
+                node.value.live_value(|| now)?;
+                Some(node.key.clone())
+            })
+            .collect()
     }
 
     /// Keeps only the entries for which `keep` returns true: every other live value is removed

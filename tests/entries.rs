@@ -212,3 +212,74 @@ fn iter_yields_each_stable_entry_once_while_others_churn() {
     stop.store(true, Ordering::Relaxed);
     writer.join().unwrap();
 }
+
+/// A cache of `cap` entries holding keys 0..1000, where keys below 10 are read often, keys
+/// 10..100 once, and the rest never.
+fn read_skewed(cap: u64) -> Cache<u32, u32> {
+    let cache: Cache<u32, u32> = Cache::builder().max_capacity(cap).build().unwrap();
+    for k in 0..1_000 {
+        cache.insert(k, k);
+    }
+    for round in 0..20 {
+        for k in 0..10 {
+            cache.get(&k);
+        }
+        if round == 0 {
+            for k in 10..100 {
+                cache.get(&k);
+            }
+        }
+    }
+    cache
+}
+
+#[test]
+fn hottest_and_coldest_follow_how_often_keys_are_read() {
+    // One policy shard, and several (a capacity of 100,000 splits the policy).
+    for cap in [2_000, 100_000] {
+        let cache = read_skewed(cap);
+        let mut hot = cache.hottest(10);
+        hot.sort_unstable();
+        assert_eq!(hot, (0..10).collect::<Vec<_>>(), "capacity {cap}");
+        let cold = cache.coldest(500);
+        assert_eq!(cold.len(), 500);
+        assert!(cold.iter().all(|k| *k >= 100), "capacity {cap}: {cold:?}");
+        assert_eq!(
+            cache.hottest(5_000).len(),
+            1_000,
+            "more than held: all of them"
+        );
+        assert!(cache.hottest(0).is_empty());
+    }
+}
+
+#[test]
+fn a_recorded_hot_set_warms_a_new_cache() {
+    let before = read_skewed(2_000);
+    let recorded = before.hottest(50);
+    let after: Cache<u32, u32> = Cache::builder().max_capacity(2_000).build().unwrap();
+    let report = after.warm(recorded.clone(), |k| Ok::<_, ()>(*k), 2);
+    assert_eq!(report.loaded, 50);
+    assert!(recorded.iter().all(|k| after.peek(k) == Some(*k)));
+    assert!(
+        (0..10).all(|k| after.peek(&k).is_some()),
+        "a hot key was not recorded"
+    );
+}
+
+#[test]
+fn hottest_skips_removed_and_expired_entries() {
+    let clock = ManualClock::new();
+    let cache: Cache<u32, u32> = Cache::builder()
+        .max_capacity(100)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    cache.insert(1, 1);
+    cache.insert_with_ttl(2, 2, Duration::from_secs(1));
+    cache.insert(3, 3);
+    cache.invalidate(&3);
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(cache.hottest(10), [1]);
+    assert_eq!(cache.coldest(10), [1]);
+}

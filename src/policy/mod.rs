@@ -17,7 +17,7 @@ mod sketch;
 mod tinylfu;
 mod window;
 
-pub(crate) use tinylfu::{Look, Probe, Victim, Write};
+pub(crate) use tinylfu::{Look, Probe, Ranked, Victim, Write};
 pub(crate) use window::{Requests, Served};
 
 use crossbeam_utils::CachePadded;
@@ -43,6 +43,11 @@ impl EntryState {
         if h < MAX_HITS {
             self.hits.store(h + 1, Ordering::Relaxed);
         }
+    }
+
+    /// The hits since the last look, leaving them for the look.
+    pub(crate) fn pending_hits(&self) -> u8 {
+        self.hits.load(Ordering::Relaxed)
     }
 
     /// The hits since the last look, resetting them (the policy, under its lock).
@@ -146,6 +151,30 @@ impl Policy {
             .iter()
             .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).0.weight())
             .sum()
+    }
+
+    /// The `n` entries the policy values most (`hottest`) or least, best first (see
+    /// `Core::ranked`), over all shards, each locked in turn for its walk. `pending` reads
+    /// an entry's hits not yet seen by the policy (by policy key and table hash), as a probe
+    /// does, without resetting them.
+    pub(crate) fn ranked(
+        &self,
+        n: usize,
+        hottest: bool,
+        pending: &dyn Fn(u64, u64) -> u64,
+    ) -> Vec<Ranked> {
+        let mut all: Vec<Ranked> = Vec::new();
+        for shard in self.shards.iter() {
+            let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            all.extend(shard.0.ranked(n, hottest, pending));
+        }
+        if hottest {
+            all.sort_unstable_by_key(|r| std::cmp::Reverse(r.score));
+        } else {
+            all.sort_unstable_by_key(|r| r.score);
+        }
+        all.truncate(n);
+        all
     }
 
     /// Runs `f` on the locked shard of `pkey` (a write or a removal). The policy runs no user

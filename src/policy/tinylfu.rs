@@ -10,6 +10,9 @@
 //! policy key (a seeded 64-bit hash of the key) and by the version of the write that put them
 //! in the table.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
 use super::index::Index;
 use super::sketch::Sketch;
 use super::window::{Resize, Served, Sizer};
@@ -43,6 +46,16 @@ const ADMIT_MARGIN: u64 = 1;
 /// have come round yet; in a loop longer than the cache, the keys missed on the second pass
 /// are all seen twice and would each push out a fill key about to be read again.
 const UNCHALLENGED_MIN: u64 = 2;
+
+/// An entry as `Core::ranked` orders it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Ranked {
+    /// Higher is valued more: the frequency estimate, the region's rank (probation 0, window
+    /// 1, protected 2) and the position in the region from its least recent entry.
+    pub(crate) score: (u64, u8, u32),
+    pub(crate) pkey: u64,
+    pub(crate) hash: u64,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -209,6 +222,62 @@ impl Core {
     #[cfg(test)]
     pub(crate) fn max(&self) -> u64 {
         self.max
+    }
+
+    /// The `n` entries this shard values most (`hottest`) or least, best first: by the
+    /// sketch's frequency estimate plus the hits `pending` reports (by policy key and hash)
+    /// that the sketch has not seen yet, then by region (protected, window, probation: the
+    /// order in which they would be kept), then by recency within the region. O(entries
+    /// log n) time, O(n) memory.
+    pub(crate) fn ranked(
+        &self,
+        n: usize,
+        hottest: bool,
+        pending: &dyn Fn(u64, u64) -> u64,
+    ) -> Vec<Ranked> {
+        let mut best: BinaryHeap<Reverse<Ranked>> = BinaryHeap::new();
+        let mut worst: BinaryHeap<Ranked> = BinaryHeap::new();
+        for (region, rank) in [
+            (Region::Probation, 0),
+            (Region::Window, 1),
+            (Region::Protected, 2),
+        ] {
+            // From the least recent: a later position is more recent.
+            let (mut i, mut position) = (self.lists[region as usize].head, 0u32);
+            while i != NIL && n > 0 {
+                let node = &self.nodes[i as usize];
+                let r = Ranked {
+                    score: (
+                        self.sketch.frequency(node.pkey) + pending(node.pkey, node.hash),
+                        rank,
+                        position,
+                    ),
+                    pkey: node.pkey,
+                    hash: node.hash,
+                };
+                if hottest {
+                    best.push(Reverse(r));
+                    if best.len() > n {
+                        best.pop();
+                    }
+                } else {
+                    worst.push(r);
+                    if worst.len() > n {
+                        worst.pop();
+                    }
+                }
+                i = node.next;
+                position = position.saturating_add(1);
+            }
+        }
+        if hottest {
+            best.into_sorted_vec()
+                .into_iter()
+                .map(|Reverse(r)| r)
+                .collect()
+        } else {
+            worst.into_sorted_vec()
+        }
     }
 
     /// Entries held.
