@@ -312,6 +312,8 @@ mod flight;
 mod future;
 mod load;
 mod local;
+#[cfg(feature = "metrics")]
+mod metrics;
 mod pacing;
 mod policy;
 mod refresh;
@@ -327,6 +329,7 @@ mod sync;
 #[cfg_attr(not(any(fuzzing, herdcache_loom)), allow(unreachable_pub))]
 mod table;
 mod timer;
+mod trace;
 mod warm;
 
 pub use builder::{CacheBuilder, MAX_CAPACITY_LIMIT, MAX_DURATION, MAX_INITIAL_CAPACITY};

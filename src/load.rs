@@ -29,6 +29,7 @@ use crate::refresh::RefreshState;
 use crate::removal::RemovalCause;
 use crate::stats::Counter;
 use crate::table::{Decision, Node, Outcome};
+use crate::trace::trace_event;
 
 /// Why [`Cache::get_or_load`] returned no value.
 #[derive(Debug, PartialEq, Eq)]
@@ -345,6 +346,7 @@ where
         // the listener of what the put-back evicts): the waiters would wait for ever.
         let settled = catch_unwind(AssertUnwindSafe(|| self.detach(key, hash, flight)));
         self.inner.domain.pin().count(Counter::LoadTimeouts);
+        trace_event!(WARN, "a load ran past its load_timeout and was detached");
         // SAFETY: claimed above, published once.
         unsafe { flight.publish(FlightResult::TimedOut) };
         if let Err(panic) = settled {
@@ -425,8 +427,12 @@ where
     /// `max_stale` ago.
     pub(crate) fn fallback(&self, flight: &Flight<V>) -> Option<V> {
         let v = flight.stale()?;
-        self.within_stale_bound(flight.stale_valid_until())
-            .then(|| v.clone())
+        if !self.within_stale_bound(flight.stale_valid_until()) {
+            return None;
+        }
+        let v = v.clone();
+        self.inner.domain.pin().count(Counter::StaleServed);
+        Some(v)
     }
 
     /// Whether a value that expires (or expired) at `expires_at` may still be served as a
@@ -580,6 +586,7 @@ where
                         // within the staleness bound.
                         if let Some((stale, expires_at)) = replaced {
                             if self.within_stale_bound(expires_at) {
+                                pinned.count(Counter::StaleServed);
                                 return Step::Done(Ok(stale));
                             }
                         }
@@ -684,6 +691,10 @@ where
             }
             None => {
                 self.inner.domain.pin().count(Counter::Timeouts);
+                trace_event!(
+                    DEBUG,
+                    "a caller's deadline passed while it waited for a load"
+                );
                 Joined::Done(self.fallback(flight).ok_or(LoadError::Timeout))
             }
         }
@@ -755,6 +766,17 @@ where
     {
         let cache = lead.cache.clone();
         let finished = cache.now();
+        cache
+            .inner
+            .domain
+            .pin()
+            .latency(finished.saturating_sub(started));
+        trace_event!(
+            DEBUG,
+            nanos = finished.saturating_sub(started),
+            ok = result.is_ok(),
+            "load finished"
+        );
         let (previous_delta, _) = lead.flight.history();
         match result {
             Ok(value) => {
@@ -791,6 +813,10 @@ where
                 if cache.inner.refresh.stale_if_error {
                     if let Some(old) = lead.restore_stale(finished) {
                         cache.inner.domain.pin().count(Counter::RefreshFailures);
+                        trace_event!(
+                            WARN,
+                            "refresh failed; the current value stays (stale-if-error)"
+                        );
                         return Ok(old);
                     }
                 }
@@ -1033,6 +1059,7 @@ where
     S: BuildHasher,
 {
     fn drop(&mut self) {
+        self.cache.inner.domain.pin().count(Counter::LoadsEnded);
         if self.finished {
             return;
         }
@@ -1048,8 +1075,10 @@ where
         // Relaxed: set and read on the thread that polls the leader, or handed over with it.
         let panicked = self.panicked.load(atomic::Ordering::Relaxed) || std::thread::panicking();
         let counter = if panicked {
+            trace_event!(WARN, "a loader panicked");
             Counter::LoadPanics
         } else {
+            trace_event!(DEBUG, "a load was cancelled before it finished");
             Counter::LoadsCancelled
         };
         self.cache.inner.domain.pin().count(counter);

@@ -78,6 +78,15 @@ impl Pinned<'_> {
             self.counters.bump_shared(c);
         }
     }
+
+    /// Records a load that took `nanos`.
+    pub(crate) fn latency(&self, nanos: u64) {
+        if self.owned {
+            self.counters.latency_owned(nanos);
+        } else {
+            self.counters.latency_shared(nanos);
+        }
+    }
 }
 
 impl Domain {

@@ -15,6 +15,7 @@
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
 
@@ -52,9 +53,48 @@ pub(crate) enum Counter {
     SharedBroadcastLagMicros,
     SharedStaleDropped,
     SharedConflicts,
+    /// Leaders of loads that ended (finished, failed, panicked or were cancelled): with
+    /// `Loads`, the loads in flight.
+    LoadsEnded,
+    /// Callers served an expired (or, behind a refresh, still valid) value in place of a load
+    /// that did not finish for them.
+    StaleServed,
 }
 
-const COUNTERS: usize = Counter::SharedConflicts as usize + 1;
+const COUNTERS: usize = Counter::StaleServed as usize + 1;
+/// Load durations, by power of two: bucket `i` counts loads of less than `2^(i + 10)` ns
+/// (bucket 0: under about 1 µs; the last: everything from about 9 minutes on).
+const LATENCY_BUCKETS: usize = 30;
+/// Where the buckets start in a block, and the slot of the longest load (nanoseconds, a
+/// maximum rather than a sum).
+const LATENCY_FIRST: usize = COUNTERS;
+const LATENCY_MAX: usize = COUNTERS + LATENCY_BUCKETS;
+const SLOTS: usize = LATENCY_MAX + 1;
+
+/// The bucket of a load that took `nanos`.
+fn latency_bucket(nanos: u64) -> usize {
+    let above = (u64::BITS - (nanos >> 10).leading_zeros()) as usize;
+    above.min(LATENCY_BUCKETS - 1)
+}
+
+/// A percentile of the durations in `buckets` (none: zero), as the upper bound of its
+/// bucket, at most `max`: within a factor of two above the true value.
+fn percentile(buckets: &[u64], max: u64, p: f64) -> Duration {
+    let total: u64 = buckets.iter().sum();
+    if total == 0 {
+        return Duration::ZERO;
+    }
+    let rank = ((total as f64 * p).ceil() as u64).max(1);
+    let mut seen = 0;
+    for (i, &n) in buckets.iter().enumerate() {
+        seen += n;
+        if seen >= rank {
+            let upper = 1u64.checked_shl(i as u32 + 10).unwrap_or(u64::MAX);
+            return Duration::from_nanos(upper.min(max));
+        }
+    }
+    Duration::from_nanos(max)
+}
 
 /// A snapshot of a cache's counters, from [`Cache::stats`](crate::Cache::stats).
 /// `Serialize` with the `serde` feature.
@@ -131,12 +171,38 @@ pub struct Stats {
     /// while they ran (or they outlived their lease): their waiters got the value, no cache
     /// kept it.
     pub shared_conflicts: u64,
+    /// Loads running now (a gauge): started and not yet ended, including loads detached past
+    /// their `load_timeout` whose loader has not returned.
+    pub loads_in_flight: u64,
+    /// Callers served a stale value (expired at most `max_stale` ago, or the still-valid
+    /// value behind a refresh) in place of a load that did not finish for them: their
+    /// deadline passed, the load ran past its `load_timeout`, or `max_concurrent_loads` held
+    /// them back. Counted apart from the timeouts themselves.
+    pub stale_served: u64,
+    /// Median time a load took, from the leader's start to its result (the loader's own time
+    /// and the cache's work around it), by the cache's clock. Loads are counted in buckets
+    /// by powers of two, so percentiles are upper bounds within a factor of two; zero before
+    /// any load ended.
+    pub load_latency_p50: Duration,
+    /// 99th percentile of the time a load took (as `load_latency_p50`).
+    pub load_latency_p99: Duration,
+    /// The longest load.
+    pub load_latency_max: Duration,
 }
 
 impl Stats {
     /// Lookups in total (`hits + misses`).
     pub fn requests(&self) -> u64 {
         self.hits.saturating_add(self.misses)
+    }
+
+    /// Callers per load that waited for it instead of loading (`coalesced_waits / loads`):
+    /// how much single flight saves. 0.0 before any load.
+    pub fn waiters_per_load(&self) -> f64 {
+        match self.loads {
+            0 => 0.0,
+            n => self.coalesced_waits as f64 / n as f64,
+        }
     }
 
     /// `hits / requests`, or 0.0 when there was no request (an idle cache has served
@@ -159,24 +225,52 @@ impl Stats {
 }
 
 /// One thread's counters, on cache lines of their own.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct CounterBlock {
-    counts: CachePadded<[AtomicU64; COUNTERS]>,
+    counts: CachePadded<[AtomicU64; SLOTS]>,
     in_use: AtomicBool,
+}
+
+impl Default for CounterBlock {
+    fn default() -> Self {
+        CounterBlock {
+            counts: CachePadded::new(std::array::from_fn(|_| AtomicU64::new(0))),
+            in_use: AtomicBool::new(false),
+        }
+    }
 }
 
 impl CounterBlock {
     /// Adds one; only the block's owning thread may call this (no other thread writes it).
     #[inline]
     pub(crate) fn bump_owned(&self, c: Counter) {
-        let a = &self.counts[c as usize];
-        a.store(a.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+        self.bump_slot_owned(c as usize);
     }
 
     /// Adds one from any thread.
     #[inline]
     pub(crate) fn bump_shared(&self, c: Counter) {
         self.counts[c as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records a load that took `nanos`; only the owning thread may call this.
+    pub(crate) fn latency_owned(&self, nanos: u64) {
+        self.bump_slot_owned(LATENCY_FIRST + latency_bucket(nanos));
+        let max = &self.counts[LATENCY_MAX];
+        if nanos > max.load(Ordering::Relaxed) {
+            max.store(nanos, Ordering::Relaxed);
+        }
+    }
+
+    /// Records a load that took `nanos`, from any thread.
+    pub(crate) fn latency_shared(&self, nanos: u64) {
+        self.counts[LATENCY_FIRST + latency_bucket(nanos)].fetch_add(1, Ordering::Relaxed);
+        self.counts[LATENCY_MAX].fetch_max(nanos, Ordering::Relaxed);
+    }
+
+    fn bump_slot_owned(&self, slot: usize) {
+        let a = &self.counts[slot];
+        a.store(a.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
     }
 
     /// Adds `n` from any thread.
@@ -292,17 +386,21 @@ impl CounterRegistry {
 
     /// Sums every block.
     pub(crate) fn snapshot(&self) -> Stats {
-        let mut sum = [0u64; COUNTERS];
+        let mut sum = [0u64; SLOTS];
         for block in self
             .blocks()
             .map(|b| &**b)
             .chain(std::iter::once(&self.shared))
         {
-            for (s, c) in sum.iter_mut().zip(block.counts.iter()) {
+            for (s, c) in sum[..LATENCY_MAX].iter_mut().zip(block.counts.iter()) {
                 *s = s.wrapping_add(c.load(Ordering::Relaxed));
             }
+            sum[LATENCY_MAX] =
+                sum[LATENCY_MAX].max(block.counts[LATENCY_MAX].load(Ordering::Relaxed));
         }
         let get = |c: Counter| sum[c as usize];
+        let buckets = &sum[LATENCY_FIRST..LATENCY_MAX];
+        let max = sum[LATENCY_MAX];
         Stats {
             hits: get(Counter::Hits),
             misses: get(Counter::Misses),
@@ -332,6 +430,12 @@ impl CounterRegistry {
             shared_broadcast_lag_micros: get(Counter::SharedBroadcastLagMicros),
             shared_stale_dropped: get(Counter::SharedStaleDropped),
             shared_conflicts: get(Counter::SharedConflicts),
+            // Both sums are read at slightly different instants: never below zero.
+            loads_in_flight: get(Counter::Loads).saturating_sub(get(Counter::LoadsEnded)),
+            stale_served: get(Counter::StaleServed),
+            load_latency_p50: percentile(buckets, max, 0.5),
+            load_latency_p99: percentile(buckets, max, 0.99),
+            load_latency_max: Duration::from_nanos(max),
         }
     }
 }
@@ -366,6 +470,41 @@ mod tests {
         let s = reg.snapshot();
         assert_eq!((s.hits, s.misses), (2, 1));
         assert!((s.hit_ratio() - 2.0 / 3.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn load_latency_percentiles_are_bucket_bounds_within_the_maximum() {
+        let reg = CounterRegistry::new();
+        let a = reg.claim();
+        // 90 loads of 1.5 ms, 9 of 40 ms, one of 3 s (from another thread's shared path).
+        for _ in 0..90 {
+            a.latency_owned(1_500_000);
+        }
+        for _ in 0..9 {
+            a.latency_owned(40_000_000);
+        }
+        reg.shared().latency_shared(3_000_000_000);
+        let s = reg.snapshot();
+        // 1.5 ms is in the bucket below 2^21 ns (2.1 ms); 40 ms below 2^26 ns (67 ms).
+        assert_eq!(s.load_latency_p50, Duration::from_nanos(1 << 21));
+        assert_eq!(s.load_latency_p99, Duration::from_nanos(1 << 26));
+        assert_eq!(s.load_latency_max, Duration::from_secs(3));
+        assert_eq!(
+            CounterRegistry::new().snapshot().load_latency_p99,
+            Duration::ZERO
+        );
+    }
+
+    #[test]
+    fn latency_buckets_cover_every_duration() {
+        assert_eq!(latency_bucket(0), 0);
+        assert_eq!(latency_bucket(1_023), 0);
+        assert_eq!(latency_bucket(1_024), 1);
+        assert_eq!(latency_bucket(u64::MAX), LATENCY_BUCKETS - 1);
+        assert_eq!(
+            percentile(&[0, 0, 1], u64::MAX, 0.5),
+            Duration::from_nanos(1 << 12)
+        );
     }
 
     #[test]

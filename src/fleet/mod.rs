@@ -16,6 +16,7 @@ mod redis_store;
 mod sim;
 mod writes;
 
+use crate::trace::trace_event;
 use std::fmt;
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
@@ -411,6 +412,7 @@ impl Health {
     }
 
     fn failed(&self, e: &StoreError) {
+        trace_event!(WARN, error = %e.0, "shared tier failed; loading locally");
         let now = self.now();
         self.down_until
             .store(now + self.retry_after.as_nanos() as u64, Ordering::Relaxed);
