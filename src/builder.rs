@@ -45,6 +45,7 @@ pub struct CacheBuilder<K, V, S = DefaultHashBuilder> {
     pub(crate) max_capacity: Option<u64>,
     pub(crate) initial_capacity: Option<usize>,
     pub(crate) time_to_live: Option<Duration>,
+    pub(crate) time_to_idle: Option<Duration>,
     pub(crate) negative_ttl: Option<Duration>,
     pub(crate) refresh_after: Option<Duration>,
     pub(crate) xfetch_beta: Option<f64>,
@@ -72,6 +73,7 @@ impl<K, V, S> fmt::Debug for CacheBuilder<K, V, S> {
             .field("max_capacity", &self.max_capacity)
             .field("initial_capacity", &self.initial_capacity)
             .field("time_to_live", &self.time_to_live)
+            .field("time_to_idle", &self.time_to_idle)
             .field("negative_ttl", &self.negative_ttl)
             .field("refresh_after", &self.refresh_after)
             .field("xfetch_beta", &self.xfetch_beta)
@@ -100,6 +102,7 @@ impl<K, V> CacheBuilder<K, V, DefaultHashBuilder> {
             max_capacity: None,
             initial_capacity: None,
             time_to_live: None,
+            time_to_idle: None,
             negative_ttl: None,
             refresh_after: None,
             xfetch_beta: None,
@@ -162,6 +165,38 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     /// entry.
     pub fn time_to_live(mut self, ttl: Duration) -> Self {
         self.time_to_live = Some(ttl);
+        self
+    }
+
+    /// Time to idle: a value not read for this long expires, whatever its time to live
+    /// (optional; from 1 ns to a year). A read (`get`, a hit of a loading call, `pin().get`)
+    /// renews it; `peek` and iteration do not. Deadlines are kept in units of about 16.8 ms,
+    /// rounded up, so a value expires at most that much after the idle time, never before.
+    ///
+    /// Hits stay free of shared writes: an entry's deadline moves at most once per unit
+    /// (test before set), so a hot entry's line is written about 60 times a second at most.
+    /// Each hit reads the clock. Expired values leave as expired values do: when read, when
+    /// a write's sweep comes to them, or by [`purge_expired`](Cache::purge_expired).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let clock = herdcache::ManualClock::new();
+    /// let cache = herdcache::Cache::builder()
+    ///     .max_capacity(100)
+    ///     .time_to_idle(Duration::from_secs(60))
+    ///     .clock(clock.clone())
+    ///     .build()?;
+    /// cache.insert("read", 1);
+    /// cache.insert("unread", 2);
+    /// for _ in 0..3 {
+    ///     clock.advance(Duration::from_secs(40));
+    ///     assert_eq!(cache.get("read"), Some(1)); // each read renews it
+    /// }
+    /// assert_eq!(cache.get("unread"), None); // 120 s without a read
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    pub fn time_to_idle(mut self, tti: Duration) -> Self {
+        self.time_to_idle = Some(tti);
         self
     }
 
@@ -387,6 +422,42 @@ impl<K, V, S> CacheBuilder<K, V, S> {
         self
     }
 
+    /// Chooses each value's time to live from the value itself: `expire_after(key, value)`
+    /// is called once per insert and per load (on the writing thread, before the entry is
+    /// stored); `Some(ttl)` is that value's time to live, `None` leaves it the cache's
+    /// [`time_to_live`](Self::time_to_live) (or no expiry). [`insert_with_ttl`](Cache::insert_with_ttl)
+    /// still sets its own. Zero stores a value already expired, and a time past the clock's
+    /// range lasts until its end, as for `insert_with_ttl`. A function that panics fails the
+    /// write that called it, which then changes nothing (a load's waiters get
+    /// [`LoadError::Panicked`](crate::LoadError::Panicked)).
+    ///
+    /// With a shared tier, the tier keeps its own bound on what it stores; this sets how
+    /// long each instance keeps its copy.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// // A token that says when it expires: the cache keeps it no longer.
+    /// #[derive(Clone)]
+    /// struct Token { valid_for: Duration }
+    /// let cache: herdcache::Cache<u32, Token> = herdcache::Cache::builder()
+    ///     .max_capacity(1_000)
+    ///     .time_to_live(Duration::from_secs(3_600))
+    ///     .expire_after(|_key, token: &Token| Some(token.valid_for))
+    ///     .build()?;
+    /// let token = cache.get_or_load(&7, |_| {
+    ///     Ok::<_, std::io::Error>(Token { valid_for: Duration::from_secs(90) })
+    /// })?;
+    /// # let _ = token;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn expire_after(
+        mut self,
+        expire_after: impl Fn(&K, &V) -> Option<Duration> + Send + Sync + 'static,
+    ) -> Self {
+        self.hooks.expire_after = Some(Arc::new(expire_after));
+        self
+    }
+
     /// Called once for each value that leaves the cache, with its key and why
     /// ([`RemovalCause`](crate::RemovalCause)): evicted for size, expired, invalidated,
     /// replaced, or heavier than the whole capacity. It runs on the thread that removed the value, after the removal, outside any
@@ -439,6 +510,7 @@ impl<K, V, S> CacheBuilder<K, V, S> {
             max_capacity: self.max_capacity,
             initial_capacity: self.initial_capacity,
             time_to_live: self.time_to_live,
+            time_to_idle: self.time_to_idle,
             negative_ttl: self.negative_ttl,
             refresh_after: self.refresh_after,
             xfetch_beta: self.xfetch_beta,
@@ -554,6 +626,14 @@ where
         };
         let time_to_live = check_duration("time_to_live", self.time_to_live)?;
         let negative_ttl = check_duration("negative_ttl", self.negative_ttl)?;
+        check_duration("time_to_idle", self.time_to_idle)?;
+        if self.time_to_idle > Some(crate::clock::MAX_IDLE) {
+            return Err(BuildError::Invalid {
+                setting: "time_to_idle",
+                reason: "must be at most a year",
+            });
+        }
+        let time_to_idle = self.time_to_idle.map(crate::clock::idle_units);
         let soft_ttl = check_duration("refresh_after", self.refresh_after)?;
         if let (Some(soft), Some(hard)) = (soft_ttl, time_to_live) {
             if soft >= hard {
@@ -605,6 +685,7 @@ where
             max_capacity,
             initial_capacity,
             time_to_live,
+            time_to_idle,
             negative_ttl,
             refresh: crate::refresh::RefreshSettings {
                 soft_ttl,
@@ -672,6 +753,16 @@ mod tests {
             (
                 builder().max_capacity(10).negative_ttl(Duration::ZERO),
                 "negative_ttl",
+            ),
+            (
+                builder().max_capacity(10).time_to_idle(Duration::ZERO),
+                "time_to_idle",
+            ),
+            (
+                builder()
+                    .max_capacity(10)
+                    .time_to_idle(400 * 24 * 3600 * SEC),
+                "time_to_idle",
             ),
             (builder().max_capacity(10).xfetch(1.0), "xfetch"),
             (

@@ -11,7 +11,7 @@ use std::time::Duration;
 use crossbeam_epoch::Owned;
 use crossbeam_utils::CachePadded;
 
-use crate::clock::{duration_to_nanos, TimeSource};
+use crate::clock::{duration_to_nanos, OnceNow, TimeSource};
 use crate::entry::{expiry_after, Entry, NEVER};
 use crate::local::{Domain, Pinned};
 use crate::pacing::Limiter;
@@ -41,6 +41,8 @@ pub(crate) struct Inner<K, V, S> {
     pub(crate) clock: TimeSource,
     pub(crate) max_capacity: usize,
     pub(crate) time_to_live: Option<u64>,
+    /// In idle units (see `clock::IDLE_SHIFT`).
+    pub(crate) time_to_idle: Option<u32>,
     pub(crate) negative_ttl: Option<u64>,
     pub(crate) refresh: RefreshSettings,
     pub(crate) limiter: Option<Arc<Limiter>>,
@@ -127,6 +129,7 @@ where
                 clock: settings.clock,
                 max_capacity: settings.max_capacity,
                 time_to_live: settings.time_to_live,
+                time_to_idle: settings.time_to_idle,
                 negative_ttl: settings.negative_ttl,
                 refresh: settings.refresh,
                 limiter: settings
@@ -142,7 +145,9 @@ where
                     sweep: AtomicUsize::new(0),
                 }),
                 expiring: AtomicBool::new(
-                    settings.time_to_live.is_some() || settings.negative_ttl.is_some(),
+                    settings.time_to_live.is_some()
+                        || settings.time_to_idle.is_some()
+                        || settings.negative_ttl.is_some(),
                 ),
                 domain: Domain::new(),
             }),
@@ -221,7 +226,8 @@ where
     /// With a shared tier (`CacheBuilder::shared_tier`, feature `redis`), the value is written
     /// there first (one Redis round trip), and every other instance drops its copy.
     pub fn insert(&self, key: K, value: V) {
-        self.insert_for(key, value, self.inner.time_to_live);
+        let ttl = self.ttl_of(&key, &value);
+        self.insert_for(key, value, ttl);
     }
 
     /// Inserts `value` for `key` with its own time to live, overriding the cache's.
@@ -354,14 +360,6 @@ where
         self.inner.clock.now_nanos()
     }
 
-    /// Expiry for a value written now with the cache's default TTL.
-    pub(crate) fn default_expiry(&self) -> u64 {
-        match self.inner.time_to_live {
-            Some(ttl) => expiry_after(self.now(), ttl),
-            None => NEVER,
-        }
-    }
-
     /// A ready entry written now, with its refresh plan (`delta`: measured load time;
     /// `failures`: consecutive failed refreshes behind it).
     pub(crate) fn ready_entry(
@@ -381,7 +379,11 @@ where
             )
         });
         self.note_expiry(expires_at);
-        Entry::ready(self.next_version(), pkey, value, expires_at, refresh)
+        let entry = Entry::ready(self.next_version(), pkey, value, expires_at, refresh);
+        match self.inner.time_to_idle {
+            Some(units) => entry.with_idle(self.now(), units),
+            None => entry,
+        }
     }
 
     /// A fresh version, unique within the cache.
@@ -416,22 +418,26 @@ where
             return None;
         };
         let entry = &node.value;
-        if let Some(value) = entry.live_value(|| self.now()) {
-            self.record_hit(entry, pinned);
+        let now = OnceNow::new(&self.inner.clock);
+        if let Some(value) = entry.live_value(|| now.get()) {
+            self.record_hit(entry, &now, pinned);
             return Some(value);
         }
         pinned.count(Counter::Misses);
-        if entry.is_expired(|| self.now()) {
+        if entry.is_expired(|| now.get()) {
             self.remove_expired(node, pinned);
         }
         None
     }
 
-    /// The bookkeeping of a hit: the entry's hit counter (test before set) and this thread's
-    /// counter.
+    /// The bookkeeping of a hit: the entry's hit counter and, with a `time_to_idle`, its
+    /// idle deadline (both test before set), and this thread's counter.
     #[inline]
-    pub(crate) fn record_hit(&self, entry: &Entry<V>, pinned: &Pinned<'_>) {
+    pub(crate) fn record_hit(&self, entry: &Entry<V>, now: &OnceNow<'_>, pinned: &Pinned<'_>) {
         entry.policy.on_hit();
+        if let Some(units) = self.inner.time_to_idle {
+            entry.policy.used(now.get(), units);
+        }
         pinned.count(Counter::Hits);
     }
 

@@ -163,6 +163,29 @@ impl<'a> OnceNow<'a> {
 /// Expiry of an entry that never expires.
 pub(crate) const NEVER: u64 = u64::MAX;
 
+/// Idle deadlines (`time_to_idle`) are kept in 32 bits, in units of `2^IDLE_SHIFT` ns (about
+/// 16.8 ms): a deadline moves at most once per unit, so a hot entry's is written about 60
+/// times a second at most, and 32 bits compared with wrapping arithmetic reach 2^31 units
+/// (about 14 months) ahead or behind.
+pub(crate) const IDLE_SHIFT: u32 = 24;
+
+/// The longest `time_to_idle`: a year, well within the deadlines' reach.
+pub(crate) const MAX_IDLE: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// `now` (nanoseconds) in idle units.
+#[inline]
+pub(crate) fn idle_unit(now: u64) -> u32 {
+    (now >> IDLE_SHIFT) as u32
+}
+
+/// A `time_to_idle` in idle units, rounded up (an entry never expires early for it) and at
+/// least one.
+pub(crate) fn idle_units(tti: Duration) -> u32 {
+    let unit = 1u64 << IDLE_SHIFT;
+    let units = duration_to_nanos(tti).div_ceil(unit).max(1);
+    u32::try_from(units).unwrap_or(u32::MAX >> 1)
+}
+
 /// The expiry of something that lives `ttl` from `now`: a finite TTL never becomes
 /// [`NEVER`], even at the end of the clock's range (it saturates just below it).
 #[inline]

@@ -116,34 +116,55 @@ impl<V> Entry<V> {
         !matches!(self.kind, Kind::Loading(_))
     }
 
-    /// The expiry of a ready value or a cached error; `None` for a load in progress.
-    #[inline]
-    pub(crate) fn expires_at(&self) -> Option<u64> {
-        match &self.kind {
-            Kind::Ready(r) => Some(r.expires_at),
-            Kind::Failed { expires_at, .. } => Some(*expires_at),
-            Kind::Loading(_) => None,
-        }
-    }
-
-    /// Whether the entry is a value or cached error past its expiry. `now` is called only if
-    /// the entry can expire.
+    /// Whether the entry is a value or cached error past its expiry, or a value unused past
+    /// its idle deadline. `now` is called only if the entry can expire.
     #[inline]
     pub(crate) fn is_expired(&self, now: impl FnOnce() -> u64) -> bool {
-        match self.expires_at() {
-            Some(NEVER) | None => false,
-            Some(at) => now() >= at,
+        match &self.kind {
+            Kind::Ready(r) => !self.ready_live(r, now),
+            Kind::Failed { expires_at, .. } => *expires_at != NEVER && now() >= *expires_at,
+            Kind::Loading(_) => false,
         }
     }
 
-    /// The value a reader gets: a ready value that has not expired, or the value a refresh
-    /// in progress still serves until its hard expiry.
+    /// The value a reader gets: a ready value that has not expired (by its TTL or, with a
+    /// `time_to_idle`, for want of use), or the value a refresh in progress still serves
+    /// until its hard expiry.
     #[inline]
     pub(crate) fn live_value(&self, now: impl FnOnce() -> u64) -> Option<&V> {
         match &self.kind {
-            Kind::Ready(r) => (r.expires_at == NEVER || now() < r.expires_at).then_some(&r.value),
+            Kind::Ready(r) => self.ready_live(r, now).then_some(&r.value),
             Kind::Loading(flight) => flight.serving(now),
             Kind::Failed { .. } => None,
         }
+    }
+
+    #[inline]
+    fn ready_live(&self, r: &Ready<V>, now: impl FnOnce() -> u64) -> bool {
+        if r.expires_at == NEVER && !self.policy.idles() {
+            return true;
+        }
+        let now = now();
+        now < r.expires_at && !self.policy.idle_expired(now)
+    }
+
+    /// A ready entry that also expires after `units` idle units unused (`time_to_idle`),
+    /// written at `now`.
+    pub(crate) fn with_idle(mut self, now: u64, units: u32) -> Self {
+        self.policy = EntryState::idle_after(now, units);
+        self
+    }
+}
+
+#[cfg(all(test, target_pointer_width = "64"))]
+mod tests {
+    use super::Entry;
+
+    /// What a u64 value's entry costs (the table node adds the key and hash): the hit
+    /// counter and the idle deadline share one word, the state with its value, expiry and
+    /// refresh pointer take four, then the policy key and the version.
+    #[test]
+    fn an_entry_of_a_u64_is_seven_words() {
+        assert_eq!(std::mem::size_of::<Entry<u64>>(), 56);
     }
 }

@@ -22,7 +22,7 @@ use crossbeam_epoch::Owned;
 
 use crate::cache::Cache;
 use crate::clock::OnceNow;
-use crate::entry::{expiry_after, Entry, Kind};
+use crate::entry::{expiry_after, Entry, Kind, NEVER};
 use crate::flight::{Flight, FlightResult, Start};
 use crate::pacing::Permit;
 use crate::refresh::RefreshState;
@@ -520,7 +520,7 @@ where
                 let now = OnceNow::new(&self.inner.clock);
                 // A live value, or the value a refresh in progress still serves.
                 if let Some(v) = entry.live_value(|| now.get()) {
-                    self.record_hit(entry, &pinned);
+                    self.record_hit(entry, &now, &pinned);
                     let Kind::Ready(r) = &entry.kind else {
                         return Step::Done(Ok(v.clone()));
                     };
@@ -782,11 +782,17 @@ where
             Ok(value) => {
                 let delta =
                     crate::refresh::next_delta(previous_delta, finished.saturating_sub(started));
+                // User code (the `expire_after` hook) before the table changes, as the
+                // weigher below.
+                let expiry = match cache.ttl_of(&lead.key, &value) {
+                    Some(ttl) => expiry_after(finished, ttl),
+                    None => NEVER,
+                };
                 let expires_at = match keep {
-                    Keep::For(Some(t)) => cache
-                        .default_expiry()
-                        .min(expiry_after(finished, crate::clock::duration_to_nanos(t))),
-                    Keep::For(None) => cache.default_expiry(),
+                    Keep::For(Some(t)) => {
+                        expiry.min(expiry_after(finished, crate::clock::duration_to_nanos(t)))
+                    }
+                    Keep::For(None) => expiry,
                     Keep::No => {
                         lead.remove_loading();
                         lead.finish(FlightResult::Value(value.clone()));

@@ -8,6 +8,7 @@ use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::cache::Cache;
 use crate::clock::OnceNow;
@@ -57,11 +58,14 @@ fn call_listener<K, V>(listen: &Listener<K, V>, node: &Node<K, Entry<V>>, cause:
 pub(crate) type Listener<K, V> = Arc<dyn Fn(&K, &V, RemovalCause) + Send + Sync>;
 /// The user's weigher.
 pub(crate) type Weigher<K, V> = Arc<dyn Fn(&K, &V) -> u32 + Send + Sync>;
+/// The user's per-value time to live (`CacheBuilder::expire_after`).
+pub(crate) type ExpireAfter<K, V> = Arc<dyn Fn(&K, &V) -> Option<Duration> + Send + Sync>;
 
 /// The optional user hooks on entries.
 pub(crate) struct Hooks<K, V> {
     pub(crate) weigher: Option<Weigher<K, V>>,
     pub(crate) listener: Option<Listener<K, V>>,
+    pub(crate) expire_after: Option<ExpireAfter<K, V>>,
 }
 
 impl<K, V> Clone for Hooks<K, V> {
@@ -69,6 +73,7 @@ impl<K, V> Clone for Hooks<K, V> {
         Hooks {
             weigher: self.weigher.clone(),
             listener: self.listener.clone(),
+            expire_after: self.expire_after.clone(),
         }
     }
 }
@@ -78,6 +83,7 @@ impl<K, V> Default for Hooks<K, V> {
         Hooks {
             weigher: None,
             listener: None,
+            expire_after: None,
         }
     }
 }
@@ -110,6 +116,18 @@ where
             // A weight of 0 counts as 1, so every entry counts against the bound.
             Some(w) => u64::from(w(key, value)).max(1),
             None => 1,
+        }
+    }
+
+    /// The time to live, in nanoseconds, of `value` written now for `key` by an insert or a
+    /// load: the `expire_after` hook's answer, else the cache's `time_to_live` (`None`:
+    /// never expires). Runs user code: call it before touching the table, as `weight_of`.
+    pub(crate) fn ttl_of(&self, key: &K, value: &V) -> Option<u64> {
+        match &self.inner.hooks.expire_after {
+            Some(f) => f(key, value)
+                .map(crate::clock::duration_to_nanos)
+                .or(self.inner.time_to_live),
+            None => self.inner.time_to_live,
         }
     }
 

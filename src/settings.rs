@@ -11,6 +11,8 @@ pub(crate) struct Settings {
     pub(crate) initial_capacity: usize,
     /// Default hard TTL in nanoseconds, if any.
     pub(crate) time_to_live: Option<u64>,
+    /// Time to idle, in idle units (see `clock::IDLE_SHIFT`), if any.
+    pub(crate) time_to_idle: Option<u32>,
     /// How long a load error is cached, in nanoseconds, if at all.
     pub(crate) negative_ttl: Option<u64>,
     pub(crate) refresh: crate::refresh::RefreshSettings,

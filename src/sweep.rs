@@ -84,8 +84,8 @@ where
         }
     }
 
-    /// Removes the nodes among `nodes` that are a value expired more than `grace` ago or an
-    /// expired cached error; returns how many.
+    /// Removes the nodes among `nodes` that are a value expired more than `grace` ago or
+    /// unused past its idle deadline, or an expired cached error; returns how many.
     fn remove_expired_among<'g>(
         &self,
         nodes: impl Iterator<Item = &'g Node<K, Entry<V>>>,
@@ -96,8 +96,11 @@ where
         let mut removed = 0;
         for node in nodes {
             let gone = match &node.value.kind {
+                // Unused past its idle deadline: gone at once (idleness is the reason to
+                // free it; a fallback is for values a reader still wants).
                 Kind::Ready(r) => {
-                    r.expires_at != NEVER && now >= r.expires_at.saturating_add(grace)
+                    (r.expires_at != NEVER && now >= r.expires_at.saturating_add(grace))
+                        || node.value.policy.idle_expired(now)
                 }
                 Kind::Failed { .. } => node.value.is_expired(|| now),
                 Kind::Loading(_) => false,

@@ -6,10 +6,14 @@
 //! interleaving under the model checker.
 
 #[cfg(herdcache_loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU32, AtomicU8, AtomicUsize, Ordering,
+};
 
 #[cfg(not(herdcache_loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU32, AtomicU8, AtomicUsize, Ordering,
+};
 
 #[cfg(herdcache_loom)]
 pub(crate) use loom::sync::Mutex;

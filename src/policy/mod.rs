@@ -22,15 +22,21 @@ pub(crate) use window::{Requests, Served};
 
 use crossbeam_utils::CachePadded;
 
-use crate::sync::{AtomicU8, Mutex, Ordering};
+use crate::clock::idle_unit;
+use crate::sync::{AtomicU32, AtomicU8, Mutex, Ordering};
 
 /// Hits an entry counts between two looks of the policy (more are not told apart).
 const MAX_HITS: u8 = 3;
 
-/// Per-entry policy state: hits since the policy last looked at the entry.
+/// Per-entry use: hits since the policy last looked at the entry, and, with a
+/// `time_to_idle`, the idle deadline. Both fit in the padding before the entry's state, so
+/// the deadline costs no space.
 #[derive(Debug, Default)]
 pub(crate) struct EntryState {
     hits: AtomicU8,
+    /// The idle unit (see `clock::IDLE_SHIFT`) from which the entry counts as expired for
+    /// want of use; 0: no idle expiry.
+    idle_until: AtomicU32,
 }
 
 impl EntryState {
@@ -45,6 +51,42 @@ impl EntryState {
         }
     }
 
+    /// An entry written at `now` (nanoseconds) that expires after `units` idle units unused.
+    pub(crate) fn idle_after(now: u64, units: u32) -> Self {
+        EntryState {
+            hits: AtomicU8::new(0),
+            idle_until: AtomicU32::new(idle_deadline(now, units)),
+        }
+    }
+
+    /// A use at `now` moves the idle deadline to `units` from now. Test before set: the
+    /// deadline moves once per idle unit, so a hot entry's line is written about 60 times a
+    /// second at most, not per hit. A use that raced a later one and would move it back is
+    /// dropped. Relaxed: a hint, like the hits.
+    #[inline]
+    pub(crate) fn used(&self, now: u64, units: u32) {
+        let next = idle_deadline(now, units);
+        let current = self.idle_until.load(Ordering::Relaxed);
+        if (next.wrapping_sub(current) as i32) > 0 {
+            self.idle_until.store(next, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the entry has gone unused past its idle deadline at `now` (nanoseconds).
+    #[inline]
+    pub(crate) fn idle_expired(&self, now: u64) -> bool {
+        match self.idle_until.load(Ordering::Relaxed) {
+            0 => false,
+            until => (idle_unit(now).wrapping_sub(until) as i32) >= 0,
+        }
+    }
+
+    /// Whether the entry can expire for want of use.
+    #[inline]
+    pub(crate) fn idles(&self) -> bool {
+        self.idle_until.load(Ordering::Relaxed) != 0
+    }
+
     /// The hits since the last look, leaving them for the look.
     pub(crate) fn pending_hits(&self) -> u8 {
         self.hits.load(Ordering::Relaxed)
@@ -56,6 +98,15 @@ impl EntryState {
             return 0;
         }
         self.hits.swap(0, Ordering::Relaxed)
+    }
+}
+
+/// The idle deadline of a use at `now` (nanoseconds): `units` idle units later, never 0
+/// (which means "none").
+fn idle_deadline(now: u64, units: u32) -> u32 {
+    match idle_unit(now).wrapping_add(units) {
+        0 => 1,
+        d => d,
     }
 }
 
