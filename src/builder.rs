@@ -314,8 +314,9 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     /// Where early refreshes started by
     /// [`get_or_load_background`](Cache::get_or_load_background) run, so that no reader waits
     /// for one: the spawner receives each [`RefreshJob`](crate::RefreshJob) and runs it on
-    /// some thread (a pool, a runtime's blocking tasks, a fresh thread). Without a spawner,
-    /// refreshes run inline in the caller that wins them.
+    /// some thread (a pool, a runtime's blocking tasks, a fresh thread). `get_or_load_background`
+    /// needs one (or `tokio_spawner`): without it the call returns
+    /// [`LoadError::NoSpawner`](crate::LoadError::NoSpawner).
     ///
     /// ```
     /// let cache: herdcache::Cache<u64, u64> = herdcache::Cache::builder()
@@ -361,7 +362,10 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     }
 
     /// Runs the loads of [`get_or_load_spawned`](Cache::get_or_load_spawned) as tasks on the
-    /// runtime behind `handle` (see [`task_spawner`](Self::task_spawner)).
+    /// runtime behind `handle` (see [`task_spawner`](Self::task_spawner)), and the early
+    /// refreshes of [`get_or_load_background`](Cache::get_or_load_background) on its
+    /// blocking threads (see [`refresh_spawner`](Self::refresh_spawner)): one setting for
+    /// both calls that hand work off.
     ///
     /// ```
     /// let runtime = tokio::runtime::Runtime::new()?;
@@ -374,7 +378,11 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     #[cfg(feature = "tokio")]
     #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
     pub fn tokio_spawner(mut self, handle: tokio::runtime::Handle) -> Self {
-        self.task_spawner = Some(crate::spawn::TaskSpawner::tokio(handle));
+        self.task_spawner = Some(crate::spawn::TaskSpawner::tokio(handle.clone()));
+        self.refresh_spawner = Some(Arc::new(move |job: crate::RefreshJob| {
+            // Detached, as a task: the job reports through the flight.
+            drop(handle.spawn_blocking(move || job.run()));
+        }));
         self
     }
 

@@ -192,8 +192,10 @@ where
     /// A loader that panics gives every caller, this one included, [`LoadError::Panicked`]
     /// (the panic is the task's). If the spawner drops the task before it finishes, this call
     /// returns [`LoadError::Cancelled`], nothing is cached and the callers waiting on the load
-    /// look at the key again. Without a task spawner it behaves as
-    /// [`get_or_load_async`](Self::get_or_load_async).
+    /// look at the key again. A cache built without a task spawner returns
+    /// [`LoadError::NoSpawner`] at once, hit or miss: without one the load could not outlive
+    /// this call, which is what the call promises (use
+    /// [`get_or_load_async`](Self::get_or_load_async) to load inline).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -225,6 +227,9 @@ where
         E: Send + Sync + 'static,
         S: Send + Sync + 'static,
     {
+        if self.inner.task_spawner.is_none() {
+            return Err(LoadError::NoSpawner);
+        }
         self.load_async(key, None::<std::future::Pending<()>>, loader, |lead, f| {
             self.spawn_lead(lead, f)
         })
@@ -250,6 +255,9 @@ where
         S: Send + Sync + 'static,
         D: Future<Output = ()>,
     {
+        if self.inner.task_spawner.is_none() {
+            return Err(LoadError::NoSpawner);
+        }
         self.load_async(key, Some(deadline), loader, |lead, f| {
             self.spawn_lead(lead, f)
         })

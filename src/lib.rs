@@ -95,6 +95,33 @@
 //!   leaves at once, reported as [`RemovalCause::Oversized`].)
 //! - A loader that calls back into the cache for its own key gets [`LoadError::Recursive`].
 //!
+//! # Which loading call when
+//!
+//! Every loading call is the same single flight over the same entries (threads and futures
+//! share loads), takes the key by any borrowed form (`&str` for `String` keys), and differs
+//! in who runs the loader and how long the caller waits:
+//!
+//! | Call | Caller | Loader runs | Caller waits | Needs |
+//! |---|---|---|---|---|
+//! | [`get_or_load`](Cache::get_or_load) | thread | in the caller that wins (and refreshes there) | until the load ends, or `load_timeout` | |
+//! | [`get_or_load_timeout`](Cache::get_or_load_timeout) | thread | as `get_or_load` | at most its timeout, then the stale value or `Timeout` | |
+//! | [`get_with`](Cache::get_with) | thread | as `get_or_load`, for a loader that cannot fail | until it has a value | |
+//! | [`get_or_load_background`](Cache::get_or_load_background) | thread | misses inline; early refreshes on the spawner | never for a refresh | a spawner |
+//! | [`get_or_load_async`](Cache::get_or_load_async) | future | in the future that wins; dropping it cancels the load | until the load ends | |
+//! | [`get_or_load_async_until`](Cache::get_or_load_async_until) | future | as `get_or_load_async` | until its deadline future | |
+//! | [`get_with_async`](Cache::get_with_async) | future | as `get_or_load_async`, cannot fail | until it has a value | |
+//! | [`get_or_load_spawned`](Cache::get_or_load_spawned) | future | as a task on the spawner: outlives every caller | until the load ends | a spawner |
+//! | [`get_or_load_spawned_until`](Cache::get_or_load_spawned_until) | future | as `get_or_load_spawned` | until its deadline future | a spawner |
+//! | [`warm`](Cache::warm) | thread | on up to `concurrency` threads, for a list of keys | until every key is done | |
+//!
+//! For async services behind request timeouts, `get_or_load_spawned` (with
+//! `tokio_spawner` (feature `tokio`) or a [`task_spawner`](CacheBuilder::task_spawner)):
+//! a load a timed-out caller started still finishes and is cached. "A spawner" is
+//! [`refresh_spawner`](CacheBuilder::refresh_spawner) for threads' refresh jobs,
+//! [`task_spawner`](CacheBuilder::task_spawner) for futures, or `tokio_spawner` for both; a
+//! call that needs one on a cache built without it returns [`LoadError::NoSpawner`] at once,
+//! never a silent inline load.
+//!
 //! # Refreshing before expiry
 //!
 //! With early refresh on, a hot key is reloaded before it expires, by one caller of

@@ -59,6 +59,14 @@ pub enum LoadError<E> {
     /// (the runtime shut down, or the spawner dropped the task). Nothing was cached; the next
     /// call loads afresh.
     Cancelled,
+    /// The call runs its loads on a spawner and the cache was built without one:
+    /// [`get_or_load_background`](crate::Cache::get_or_load_background) needs a
+    /// [`refresh_spawner`](crate::CacheBuilder::refresh_spawner), and
+    /// [`get_or_load_spawned`](crate::Cache::get_or_load_spawned) a
+    /// [`task_spawner`](crate::CacheBuilder::task_spawner); `tokio_spawner` (feature
+    /// `tokio`) gives both. Returned at once, before any lookup, so that the mistake shows
+    /// on the first call rather than as callers that wait or loads that vanish.
+    NoSpawner,
 }
 
 impl<E> Clone for LoadError<E> {
@@ -70,6 +78,7 @@ impl<E> Clone for LoadError<E> {
             LoadError::LoadTimedOut => LoadError::LoadTimedOut,
             LoadError::Recursive => LoadError::Recursive,
             LoadError::Cancelled => LoadError::Cancelled,
+            LoadError::NoSpawner => LoadError::NoSpawner,
         }
     }
 }
@@ -83,6 +92,9 @@ impl<E: fmt::Display> fmt::Display for LoadError<E> {
             LoadError::LoadTimedOut => f.write_str("the load ran past its load_timeout"),
             LoadError::Recursive => f.write_str("loader re-entered the cache for its own key"),
             LoadError::Cancelled => f.write_str("the spawned load was dropped before it finished"),
+            LoadError::NoSpawner => f.write_str(
+                "this call runs loads on a spawner and the cache has none (see CacheBuilder::refresh_spawner, task_spawner, tokio_spawner)",
+            ),
         }
     }
 }
@@ -193,10 +205,12 @@ where
     }
 
     /// Like [`get_or_load`](Self::get_or_load), but an early refresh this call wins runs on the
-    /// cache's [`refresh_spawner`](crate::CacheBuilder::refresh_spawner) and this call returns
-    /// the current value at once, so no reader waits for a refresh. Loads of missing or
-    /// expired keys still run inline (the caller has nothing to return meanwhile). Without a
-    /// spawner it behaves as `get_or_load`.
+    /// cache's [`refresh_spawner`](crate::CacheBuilder::refresh_spawner) (or
+    /// `tokio_spawner`) and this call returns the current value at once, so no reader waits
+    /// for a refresh. Loads of missing or expired keys still run inline (the caller has
+    /// nothing to return meanwhile). A cache built without a spawner returns
+    /// [`LoadError::NoSpawner`] at once: the call would otherwise make its caller wait for
+    /// the refresh it exists to avoid.
     ///
     /// The loader may outlive the call, hence `Send + 'static`.
     pub fn get_or_load_background<Q, E, F>(&self, key: &Q, loader: F) -> Result<V, LoadError<E>>
@@ -207,6 +221,9 @@ where
         E: Send + Sync + 'static,
         S: Send + Sync + 'static,
     {
+        if self.inner.refresh.spawner.is_none() {
+            return Err(LoadError::NoSpawner);
+        }
         let lead = match self.begin(key, None) {
             Begin::Done(r) => return r,
             Begin::Lead(lead) => lead,
@@ -278,7 +295,8 @@ where
             LoadError::Panicked
             | LoadError::Timeout
             | LoadError::LoadTimedOut
-            | LoadError::Cancelled => {}
+            | LoadError::Cancelled
+            | LoadError::NoSpawner => {}
         }
     }
 

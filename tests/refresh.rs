@@ -314,3 +314,54 @@ fn the_spawning_thread_waits_for_its_pending_refresh_past_the_hard_expiry() {
     assert_eq!(c.get_or_load(&1, never).unwrap(), 2);
     runner.join().unwrap();
 }
+
+#[test]
+fn without_a_refresh_spawner_a_background_load_is_an_error_not_an_inline_refresh() {
+    let clock = ManualClock::new();
+    let c: C = builder(&clock).refresh_after(10 * SEC).build().unwrap();
+    c.insert(1, 1);
+    clock.advance(11 * SEC);
+    assert_eq!(
+        c.get_or_load_background(&1, never),
+        Err(LoadError::NoSpawner)
+    );
+    assert_eq!(c.stats().loads, 0, "no refresh ran, inline or not");
+}
+
+/// With only `tokio_spawner`, a refresh won by `get_or_load_background` runs on the runtime's
+/// blocking threads: the caller gets the current value while the loader is still held.
+#[test]
+fn a_tokio_spawner_runs_background_refreshes_off_the_callers_thread() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .build()
+        .unwrap();
+    let clock = ManualClock::new();
+    let c: C = builder(&clock)
+        .refresh_after(10 * SEC)
+        .tokio_spawner(runtime.handle().clone())
+        .build()
+        .unwrap();
+    c.insert(1, 1);
+    clock.advance(11 * SEC);
+    let (release, gate) = mpsc::channel::<()>();
+    let (done, returned) = mpsc::channel();
+    let caller = {
+        let c = c.clone();
+        thread::spawn(move || {
+            let v = c.get_or_load_background(&1, move |_| {
+                gate.recv().unwrap();
+                Ok::<_, String>(2)
+            });
+            done.send(v).unwrap();
+        })
+    };
+    // Before, the refresh ran inline: the caller waited for the held loader.
+    let v = returned
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the caller waited for its refresh");
+    assert_eq!(v, Ok(1), "the current value, at once");
+    release.send(()).unwrap();
+    caller.join().unwrap();
+    common::spin_until("the refresh landed", || c.get(&1) == Some(2));
+}

@@ -210,3 +210,26 @@ fn a_runtime_shut_down_mid_load_hands_the_load_to_a_waiting_thread() {
     assert_eq!(cache.get(&1), Some(3));
     assert_eq!(cache.stats().loads_cancelled, 1);
 }
+
+#[tokio::test]
+async fn without_a_task_spawner_a_spawned_load_is_an_error_not_a_silent_inline_load() {
+    // Before, the load ran inline: a caller that timed out cancelled it, and nothing was
+    // cached. Now the call says at once what is missing, hit or miss.
+    let cache: Cache<u32, u64> = Cache::builder().max_capacity(10).build().unwrap();
+    let loads = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&loads);
+    let r = cache
+        .get_or_load_spawned(&1, move |_| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, ()>(1) }
+        })
+        .await;
+    assert_eq!(r, Err(LoadError::NoSpawner));
+    cache.insert(1, 1);
+    let r = cache
+        .get_or_load_spawned_until(&1, std::future::pending(), |_| async { Ok::<_, String>(2) })
+        .await;
+    assert_eq!(r, Err(LoadError::NoSpawner));
+    assert_eq!(loads.load(Ordering::SeqCst), 0);
+    assert!(r.unwrap_err().to_string().contains("spawner"));
+}
