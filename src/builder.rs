@@ -14,14 +14,50 @@ use crate::DefaultHashBuilder;
 
 /// Largest accepted `max_capacity`: far beyond any memory, small enough that table sizing
 /// arithmetic cannot overflow.
+///
+/// ```
+/// use herdcache::{Cache, MAX_CAPACITY_LIMIT};
+/// let err = Cache::<u64, u64>::builder()
+///     .max_capacity(MAX_CAPACITY_LIMIT + 1)
+///     .build()
+///     .unwrap_err();
+/// assert_eq!(err.setting(), "max_capacity");
+/// ```
 pub const MAX_CAPACITY_LIMIT: u64 = 1 << 48;
 
 /// Largest accepted `initial_capacity`: the table is allocated for it at `build`, so a larger
 /// request is more likely a mistake than a plan (the table grows past it as entries come).
+///
+/// ```
+/// use herdcache::{Cache, MAX_CAPACITY_LIMIT, MAX_INITIAL_CAPACITY};
+/// let err = Cache::<u64, u64>::builder()
+///     .max_capacity(MAX_CAPACITY_LIMIT)
+///     .initial_capacity(MAX_INITIAL_CAPACITY + 1)
+///     .build()
+///     .unwrap_err();
+/// assert_eq!(err.setting(), "initial_capacity");
+/// ```
 pub const MAX_INITIAL_CAPACITY: usize = 1 << 28;
 
 /// Longest accepted duration setting. A longer TTL is almost certainly a unit mistake; to
 /// keep entries forever, set no TTL.
+///
+/// ```
+/// use std::time::Duration;
+/// use herdcache::{Cache, MAX_DURATION};
+/// let forever: Cache<u64, u64> = Cache::builder()
+///     .max_capacity(10)
+///     .time_to_live(MAX_DURATION)
+///     .build()?;
+/// let err = Cache::<u64, u64>::builder()
+///     .max_capacity(10)
+///     .time_to_live(MAX_DURATION + Duration::from_secs(1))
+///     .build()
+///     .unwrap_err();
+/// assert_eq!(err.setting(), "time_to_live");
+/// # let _ = forever;
+/// # Ok::<(), herdcache::BuildError>(())
+/// ```
 pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
 
 /// Starts a cache's shared-tier subscriber.
@@ -97,6 +133,16 @@ impl<K, V> Default for CacheBuilder<K, V, DefaultHashBuilder> {
 
 impl<K, V> CacheBuilder<K, V, DefaultHashBuilder> {
     /// A builder with no settings; `max_capacity` must be given before `build`.
+    /// ([`Cache::builder`] is the same.)
+    ///
+    /// ```
+    /// use herdcache::{Cache, CacheBuilder};
+    /// let missing = CacheBuilder::<u32, u32>::new().build();
+    /// assert_eq!(missing.unwrap_err().setting(), "max_capacity");
+    /// let cache: Cache<u32, u32> = CacheBuilder::new().max_capacity(10).build()?;
+    /// assert_eq!(cache.max_capacity(), 10);
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn new() -> Self {
         CacheBuilder {
             max_capacity: None,
@@ -155,6 +201,21 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     /// `max_capacity` and [`MAX_INITIAL_CAPACITY`]). The table grows on demand either way. If
     /// the table for it cannot be allocated, `build` returns a [`BuildError`] naming this
     /// setting (it does not abort).
+    ///
+    /// ```
+    /// let cache: herdcache::Cache<u64, u64> = herdcache::Cache::builder()
+    ///     .max_capacity(100_000)
+    ///     .initial_capacity(10_000) // expected soon after start: no resizes on the way
+    ///     .build()?;
+    /// assert_eq!(cache.entry_count(), 0);
+    /// let err = herdcache::Cache::<u64, u64>::builder()
+    ///     .max_capacity(10)
+    ///     .initial_capacity(11)
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(err.setting(), "initial_capacity");
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn initial_capacity(mut self, entries: usize) -> Self {
         self.initial_capacity = Some(entries);
         self
@@ -163,6 +224,22 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     /// Hard time to live: an entry is never returned once this long has passed since it was
     /// inserted (optional; from 1 ns to [`MAX_DURATION`]). `insert_with_ttl` overrides it per
     /// entry.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let clock = herdcache::ManualClock::new();
+    /// let cache = herdcache::Cache::builder()
+    ///     .max_capacity(100)
+    ///     .time_to_live(Duration::from_secs(30))
+    ///     .clock(clock.clone())
+    ///     .build()?;
+    /// cache.insert("k", 1);
+    /// clock.advance(Duration::from_secs(29));
+    /// assert_eq!(cache.get("k"), Some(1)); // read or not, it lives 30 s
+    /// clock.advance(Duration::from_secs(1));
+    /// assert_eq!(cache.get("k"), None);
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn time_to_live(mut self, ttl: Duration) -> Self {
         self.time_to_live = Some(ttl);
         self
@@ -203,6 +280,25 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     /// Negative caching: a loader error is cached for `ttl`, and loads of the key within that
     /// time return the cached error without calling the loader (optional; from 1 ns to
     /// [`MAX_DURATION`]). Off by default: errors go to the load's waiters and are not kept.
+    ///
+    /// ```
+    /// use std::{cell::Cell, time::Duration};
+    /// let clock = herdcache::ManualClock::new();
+    /// let cache: herdcache::Cache<u32, u32> = herdcache::Cache::builder()
+    ///     .max_capacity(100)
+    ///     .negative_ttl(Duration::from_secs(5))
+    ///     .clock(clock.clone())
+    ///     .build()?;
+    /// let calls = Cell::new(0);
+    /// let load = |_: &u32| { calls.set(calls.get() + 1); Err::<u32, _>("not found") };
+    /// assert!(cache.get_or_load(&1, load).is_err());
+    /// assert!(cache.get_or_load(&1, load).is_err()); // the cached error: no call
+    /// assert_eq!(calls.get(), 1);
+    /// clock.advance(Duration::from_secs(5));
+    /// assert!(cache.get_or_load(&1, load).is_err()); // expired: the loader runs again
+    /// assert_eq!(calls.get(), 2);
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn negative_ttl(mut self, ttl: Duration) -> Self {
         self.negative_ttl = Some(ttl);
         self
@@ -212,6 +308,22 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     /// [`get_or_load`](Cache::get_or_load) of it starts one refresh while every reader keeps
     /// getting the current value until its hard expiry (optional; must be shorter than
     /// `time_to_live` when that is set).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let clock = herdcache::ManualClock::new();
+    /// let cache: herdcache::Cache<u32, u32> = herdcache::Cache::builder()
+    ///     .max_capacity(100)
+    ///     .time_to_live(Duration::from_secs(60))
+    ///     .refresh_after(Duration::from_secs(10))
+    ///     .clock(clock.clone())
+    ///     .build()?;
+    /// assert_eq!(cache.get_or_load(&1, |_| Ok::<_, ()>(1)), Ok(1));
+    /// clock.advance(Duration::from_secs(11));
+    /// // Past the soft TTL: this call wins the refresh (others keep reading 1 meanwhile).
+    /// assert_eq!(cache.get_or_load(&1, |_| Ok::<_, ()>(2)), Ok(2));
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn refresh_after(mut self, soft_ttl: Duration) -> Self {
         self.refresh_after = Some(soft_ttl);
         self
@@ -230,6 +342,24 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     /// expiry, so however hot the key and whatever the beta, it is loaded at most about 1.25
     /// times per TTL (for example 20k reads/s, 20 ms loads and a 250 ms TTL: unbounded, beta 2
     /// would start a refresh about 0.37 s ahead, longer than the TTL itself).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let cache: herdcache::Cache<u64, String> = herdcache::Cache::builder()
+    ///     .max_capacity(10_000)
+    ///     .time_to_live(Duration::from_secs(60))
+    ///     .xfetch(1.0)
+    ///     .build()?;
+    /// // XFetch refreshes ahead of an expiry: without a time to live it is refused.
+    /// let err = herdcache::Cache::<u64, String>::builder()
+    ///     .max_capacity(10_000)
+    ///     .xfetch(1.0)
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(err.setting(), "xfetch");
+    /// # let _ = cache;
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn xfetch(mut self, beta: f64) -> Self {
         self.xfetch_beta = Some(beta);
         self
@@ -239,6 +369,24 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     /// hard expiry, and retry after a backoff that doubles per consecutive failure (100 ms up
     /// to 30 s). Off by default: a failed refresh removes the entry and returns the error to
     /// the caller that ran it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let clock = herdcache::ManualClock::new();
+    /// let cache: herdcache::Cache<u32, &str> = herdcache::Cache::builder()
+    ///     .max_capacity(100)
+    ///     .time_to_live(Duration::from_secs(60))
+    ///     .refresh_after(Duration::from_secs(10))
+    ///     .stale_if_error(true)
+    ///     .clock(clock.clone())
+    ///     .build()?;
+    /// cache.insert(1, "v1");
+    /// clock.advance(Duration::from_secs(11));
+    /// // The refresh fails: the current value is kept, and served.
+    /// assert_eq!(cache.get_or_load(&1, |_| Err::<&str, _>("source down")), Ok("v1"));
+    /// assert_eq!(cache.get(&1), Some("v1"));
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn stale_if_error(mut self, enabled: bool) -> Self {
         self.stale_if_error = enabled;
         self
@@ -253,6 +401,21 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     /// A loader that itself loads other keys from the same cache holds a permit while waiting
     /// for another: with `loads` such loaders at once, they wait on each other. Give nested
     /// loads a deadline, or a bound above the nesting depth.
+    ///
+    /// ```
+    /// let cache: herdcache::Cache<u64, u64> = herdcache::Cache::builder()
+    ///     .max_capacity(10_000)
+    ///     .max_concurrent_loads(16) // what the database behind the loader can take
+    ///     .build()?;
+    /// assert_eq!(cache.get_or_load(&1, |k| Ok::<_, ()>(k + 1)), Ok(2));
+    /// let err = herdcache::Cache::<u64, u64>::builder()
+    ///     .max_capacity(10_000)
+    ///     .max_concurrent_loads(0)
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(err.setting(), "max_concurrent_loads");
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn max_concurrent_loads(mut self, loads: usize) -> Self {
         self.max_concurrent_loads = Some(loads);
         self
@@ -392,6 +555,23 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     /// `insert`, `invalidate` and `invalidate_all` go through the tier and reach every
     /// instance within the tier's coherence bound. Give the tier after
     /// [`hasher`](Self::hasher), if you set one.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use herdcache::{fleet::{RedisTier, Utf8}, Cache};
+    ///
+    /// let tier = RedisTier::builder("redis://127.0.0.1:6379/")
+    ///     .build(|id: &u64| id.to_string(), Utf8)?;
+    /// let cache: Cache<u64, String> = Cache::builder()
+    ///     .max_capacity(10_000)
+    ///     .time_to_live(Duration::from_secs(60))
+    ///     .shared_tier(tier)
+    ///     .build()?;
+    /// // About one instance of the fleet runs this loader; the others get its value.
+    /// let name = cache.get_or_load(&42, |id| Ok::<_, std::io::Error>(format!("user {id}")))?;
+    /// # let _ = name;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     pub fn shared_tier(mut self, tier: crate::fleet::RedisTier<K, V>) -> Self
@@ -506,6 +686,19 @@ impl<K, V, S> CacheBuilder<K, V, S> {
 
     /// The clock expiry is measured with (default: [`SystemClock`]). Pass a
     /// [`ManualClock`](crate::ManualClock) to test time-dependent behaviour without sleeping.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let clock = herdcache::ManualClock::new();
+    /// let cache = herdcache::Cache::builder()
+    ///     .max_capacity(10)
+    ///     .clock(clock.clone())
+    ///     .build()?;
+    /// cache.insert_with_ttl("session", 1, Duration::from_secs(5));
+    /// clock.advance(Duration::from_secs(5)); // no sleep
+    /// assert_eq!(cache.get("session"), None);
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Arc::new(clock));
         self
@@ -513,6 +706,17 @@ impl<K, V, S> CacheBuilder<K, V, S> {
 
     /// The hasher for keys (default: foldhash, seeded at random per cache so that keys
     /// chosen by an attacker cannot be aimed at one probe sequence).
+    ///
+    /// ```
+    /// use std::hash::RandomState;
+    /// let cache: herdcache::Cache<String, u32, RandomState> = herdcache::Cache::builder()
+    ///     .max_capacity(100)
+    ///     .hasher(RandomState::new()) // std's SipHash
+    ///     .build()?;
+    /// cache.insert("a".to_owned(), 1);
+    /// assert_eq!(cache.get("a"), Some(1));
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn hasher<S2: BuildHasher>(self, hasher: S2) -> CacheBuilder<K, V, S2> {
         CacheBuilder {
             max_capacity: self.max_capacity,
@@ -569,6 +773,15 @@ where
     ///
     /// # Errors
     /// [`BuildError`] naming the first setting that is missing or out of range.
+    ///
+    /// ```
+    /// use herdcache::{BuildError, Cache};
+    /// let err = Cache::<u32, u32>::builder().build().unwrap_err();
+    /// assert_eq!(err, BuildError::Missing { setting: "max_capacity" });
+    /// let cache: Cache<u32, u32> = Cache::builder().max_capacity(10).build()?;
+    /// assert_eq!(cache.max_capacity(), 10);
+    /// # Ok::<(), BuildError>(())
+    /// ```
     pub fn build(self) -> Result<Cache<K, V, S>, BuildError> {
         let settings = self.validate()?;
         #[cfg(feature = "redis")]

@@ -27,6 +27,15 @@ use crate::DefaultHashBuilder;
 ///
 /// Cloning is cheap (an `Arc` clone) and every clone is the same cache. See the
 /// [crate documentation](crate) for a guide.
+///
+/// ```
+/// let cache: herdcache::Cache<u32, &str> =
+///     herdcache::Cache::builder().max_capacity(100).build()?;
+/// let handle = cache.clone();
+/// std::thread::spawn(move || handle.insert(1, "one")).join().unwrap();
+/// assert_eq!(cache.get(&1), Some("one")); // one cache behind both handles
+/// # Ok::<(), herdcache::BuildError>(())
+/// ```
 pub struct Cache<K, V, S = DefaultHashBuilder> {
     pub(crate) inner: Arc<Inner<K, V, S>>,
 }
@@ -179,6 +188,15 @@ where
     }
 
     /// Whether the cache holds an unexpired value for `key` (counts as a lookup).
+    ///
+    /// ```
+    /// let cache = herdcache::Cache::builder().max_capacity(10).build()?;
+    /// cache.insert(1, "one");
+    /// assert!(cache.contains_key(&1));
+    /// assert!(!cache.contains_key(&2));
+    /// assert_eq!(cache.stats().requests(), 2);
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn contains_key<Q>(&self, key: &Q) -> bool
     where
         K: Borrow<Q>,
@@ -225,6 +243,15 @@ where
     ///
     /// With a shared tier (`CacheBuilder::shared_tier`, feature `redis`), the value is written
     /// there first (one Redis round trip), and every other instance drops its copy.
+    ///
+    /// ```
+    /// let cache = herdcache::Cache::builder().max_capacity(10).build()?;
+    /// cache.insert("k", 1);
+    /// cache.insert("k", 2); // replaces
+    /// assert_eq!(cache.get("k"), Some(2));
+    /// assert_eq!(cache.entry_count(), 1);
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn insert(&self, key: K, value: V) {
         let ttl = self.ttl_of(&key, &value);
         self.insert_for(key, value, ttl);
@@ -235,6 +262,22 @@ where
     /// A zero `ttl` stores an entry that is already expired (it is never returned); a `ttl`
     /// past the clock's range (about 584 years of nanoseconds from the clock's origin) lasts
     /// until the clock's end. No finite `ttl` means "never expires".
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let clock = herdcache::ManualClock::new();
+    /// let cache = herdcache::Cache::builder()
+    ///     .max_capacity(10)
+    ///     .time_to_live(Duration::from_secs(60))
+    ///     .clock(clock.clone())
+    ///     .build()?;
+    /// cache.insert_with_ttl("short", 1, Duration::from_secs(5));
+    /// cache.insert("long", 2); // the cache's 60 s
+    /// clock.advance(Duration::from_secs(5));
+    /// assert_eq!(cache.get("short"), None);
+    /// assert_eq!(cache.get("long"), Some(2));
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn insert_with_ttl(&self, key: K, value: V, ttl: Duration) {
         self.insert_for(key, value, Some(duration_to_nanos(ttl)));
     }
@@ -267,6 +310,15 @@ where
     /// With a shared tier (`CacheBuilder::shared_tier`, feature `redis`), the key is
     /// invalidated there too, and every instance drops its copy (see "Coherence" under
     /// `fleet::RedisTier`).
+    ///
+    /// ```
+    /// let cache = herdcache::Cache::builder().max_capacity(10).build()?;
+    /// cache.insert(1, "one");
+    /// assert!(cache.invalidate(&1));
+    /// assert!(!cache.invalidate(&1)); // nothing left to remove
+    /// assert_eq!(cache.get(&1), None);
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn invalidate<Q>(&self, key: &Q) -> bool
     where
         K: Borrow<Q>,
@@ -307,6 +359,17 @@ where
     /// or may not survive it. With a shared tier (`CacheBuilder::shared_tier`), every
     /// value in the tier (under its prefix) is invalidated too, and every instance clears its
     /// copies.
+    ///
+    /// ```
+    /// let cache = herdcache::Cache::builder().max_capacity(100).build()?;
+    /// for k in 0..10 {
+    ///     cache.insert(k, k * 10);
+    /// }
+    /// cache.invalidate_all();
+    /// assert_eq!(cache.entry_count(), 0);
+    /// assert_eq!(cache.get(&3), None);
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn invalidate_all(&self) {
         #[cfg(feature = "redis")]
         self.invalidate_all_through();
@@ -328,16 +391,41 @@ where
 
     /// Entries held, including expired ones not yet removed and keys whose load is in
     /// progress (exact when no write is in progress).
+    ///
+    /// ```
+    /// let cache = herdcache::Cache::builder().max_capacity(10).build()?;
+    /// cache.insert(1, "a");
+    /// cache.insert(2, "b");
+    /// cache.insert(1, "c"); // a replacement, not a new entry
+    /// assert_eq!(cache.entry_count(), 2);
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn entry_count(&self) -> u64 {
         self.inner.table.len() as u64
     }
 
     /// The capacity the cache was built with.
+    ///
+    /// ```
+    /// let cache: herdcache::Cache<u32, u32> =
+    ///     herdcache::Cache::builder().max_capacity(500).build()?;
+    /// assert_eq!(cache.max_capacity(), 500);
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn max_capacity(&self) -> u64 {
         self.inner.max_capacity as u64
     }
 
     /// A snapshot of the counters (summed over threads; see [`Stats`]).
+    ///
+    /// ```
+    /// let cache = herdcache::Cache::builder().max_capacity(10).build()?;
+    /// cache.insert(1, 10);
+    /// let _ = (cache.get(&1), cache.get(&2));
+    /// let stats = cache.stats();
+    /// assert_eq!((stats.hits, stats.misses, stats.inserts), (1, 1, 1));
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn stats(&self) -> Stats {
         self.inner.domain.counters().snapshot()
     }
@@ -491,6 +579,17 @@ where
 ///
 /// It cannot be sent to another thread; while it lives, no entry removed from the cache is
 /// freed.
+///
+/// ```
+/// let cache = herdcache::Cache::builder().max_capacity(100).build()?;
+/// cache.insert("greeting", String::from("hello"));
+/// let guard = cache.pin();
+/// let v: &String = guard.get("greeting").unwrap(); // borrowed, not cloned
+/// assert_eq!(v, "hello");
+/// assert!(!guard.contains_key("farewell"));
+/// drop(guard); // removed values can be freed again
+/// # Ok::<(), herdcache::BuildError>(())
+/// ```
 pub struct CacheGuard<'a, K, V, S = DefaultHashBuilder> {
     pub(crate) cache: &'a Cache<K, V, S>,
     pub(crate) pinned: Pinned<'a>,
@@ -509,6 +608,15 @@ where
     S: BuildHasher,
 {
     /// The value for `key`, borrowed for as long as the guard lives.
+    ///
+    /// ```
+    /// let cache = herdcache::Cache::builder().max_capacity(10).build()?;
+    /// cache.insert(1, vec![1, 2, 3]);
+    /// let guard = cache.pin();
+    /// assert_eq!(guard.get(&1).map(Vec::len), Some(3));
+    /// assert_eq!(guard.get(&2), None);
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     #[inline]
     pub fn get<Q>(&self, key: &Q) -> Option<&V>
     where
@@ -519,6 +627,15 @@ where
     }
 
     /// Whether the cache holds an unexpired value for `key`.
+    ///
+    /// ```
+    /// let cache = herdcache::Cache::builder().max_capacity(10).build()?;
+    /// cache.insert(1, "one");
+    /// let guard = cache.pin();
+    /// assert!(guard.contains_key(&1));
+    /// assert!(!guard.contains_key(&2));
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn contains_key<Q>(&self, key: &Q) -> bool
     where
         K: Borrow<Q>,

@@ -16,6 +16,31 @@ use std::time::{Duration, Instant};
 /// policy's lock and while cleaning up after a failed load, where a panic cannot be
 /// contained.
 ///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+/// use std::time::Duration;
+///
+/// /// Whole seconds, set by a simulation.
+/// #[derive(Debug, Clone, Default)]
+/// struct SimSeconds(Arc<AtomicU64>);
+/// impl herdcache::Clock for SimSeconds {
+///     fn now(&self) -> Duration {
+///         Duration::from_secs(self.0.load(Ordering::Relaxed))
+///     }
+/// }
+/// let sim = SimSeconds::default();
+/// let cache = herdcache::Cache::builder()
+///     .max_capacity(10)
+///     .time_to_live(Duration::from_secs(10))
+///     .clock(sim.clone())
+///     .build()?;
+/// cache.insert(1, "one");
+/// sim.0.store(10, Ordering::Relaxed);
+/// assert_eq!(cache.get(&1), None);
+/// # Ok::<(), herdcache::BuildError>(())
+/// ```
+///
 /// [`now`]: Clock::now
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
     /// Time elapsed since this clock's fixed origin. Must never decrease.
@@ -23,6 +48,18 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
 }
 
 /// The default clock: [`Instant::now`] relative to the moment the cache was built.
+///
+/// ```
+/// use herdcache::{Clock, SystemClock};
+/// let clock = SystemClock::new();
+/// let (a, b) = (clock.now(), clock.now());
+/// assert!(b >= a); // monotonic
+/// // The default: naming it is the same as leaving the clock unset.
+/// let cache: herdcache::Cache<u32, u32> =
+///     herdcache::Cache::builder().max_capacity(10).clock(clock).build()?;
+/// # let _ = cache;
+/// # Ok::<(), herdcache::BuildError>(())
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct SystemClock {
     origin: Instant,
@@ -30,6 +67,13 @@ pub struct SystemClock {
 
 impl SystemClock {
     /// A clock whose origin is now.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use herdcache::{Clock, SystemClock};
+    /// let clock = SystemClock::new();
+    /// assert!(clock.now() < Duration::from_secs(60)); // counts from its creation
+    /// ```
     pub fn new() -> Self {
         SystemClock {
             origin: Instant::now(),
@@ -78,11 +122,27 @@ pub struct ManualClock {
 
 impl ManualClock {
     /// A clock at time zero.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let clock = herdcache::ManualClock::new();
+    /// assert_eq!(clock.now(), Duration::ZERO);
+    /// ```
     pub fn new() -> Self {
         Self::default()
     }
 
     /// Moves the clock forward by `by` (saturating at about 584 years).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let clock = herdcache::ManualClock::new();
+    /// let shared = clock.clone();
+    /// clock.advance(Duration::from_secs(3));
+    /// assert_eq!(shared.now(), Duration::from_secs(3)); // clones share one time line
+    /// clock.advance(Duration::MAX);
+    /// assert_eq!(clock.now(), Duration::from_nanos(u64::MAX));
+    /// ```
     pub fn advance(&self, by: Duration) {
         let by = duration_to_nanos(by);
         // Relaxed is enough: the clock is a value, not a synchronisation point; tests that
@@ -95,6 +155,13 @@ impl ManualClock {
     }
 
     /// The current reading.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let clock = herdcache::ManualClock::new();
+    /// clock.advance(Duration::from_millis(1_500));
+    /// assert_eq!(clock.now(), Duration::from_millis(1_500));
+    /// ```
     pub fn now(&self) -> Duration {
         Duration::from_nanos(self.nanos.load(Ordering::Relaxed))
     }

@@ -114,6 +114,20 @@ where
 
     /// The keys of the `n` live entries the eviction policy values least, least valued first:
     /// roughly the next to be evicted. The same walk as [`hottest`](Self::hottest).
+    ///
+    /// ```
+    /// let cache = herdcache::Cache::builder().max_capacity(100).build()?;
+    /// for k in 0..5u32 {
+    ///     cache.insert(k, k);
+    /// }
+    /// for _ in 0..3 {
+    ///     for k in 1..5 {
+    ///         cache.get(&k); // every key but 0 is read
+    ///     }
+    /// }
+    /// assert_eq!(cache.coldest(1), [0]);
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn coldest(&self, n: usize) -> Vec<K>
     where
         K: Clone,
@@ -222,6 +236,16 @@ where
 }
 
 /// The live entries of a cache, from [`CacheGuard::iter`].
+///
+/// ```
+/// let cache = herdcache::Cache::builder().max_capacity(100).build()?;
+/// cache.insert(1, 10);
+/// cache.insert(2, 20);
+/// let guard = cache.pin();
+/// let entries: herdcache::Iter<'_, u32, u32> = guard.iter();
+/// assert_eq!(entries.map(|(_k, v)| *v).sum::<u32>(), 30);
+/// # Ok::<(), herdcache::BuildError>(())
+/// ```
 pub struct Iter<'g, K, V> {
     nodes: table::Iter<'g, K, Entry<V>>,
     now: u64,

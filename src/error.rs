@@ -3,6 +3,16 @@
 use std::fmt;
 
 /// A setting that [`CacheBuilder::build`](crate::CacheBuilder::build) rejected.
+///
+/// ```
+/// use herdcache::{BuildError, Cache};
+/// let err = Cache::<u32, u32>::builder().max_capacity(0).build().unwrap_err();
+/// assert!(matches!(err, BuildError::Invalid { setting: "max_capacity", .. }));
+/// assert_eq!(
+///     err.to_string(),
+///     "cache setting `max_capacity` is invalid: must be greater than zero"
+/// );
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum BuildError {
@@ -22,6 +32,16 @@ pub enum BuildError {
 
 impl BuildError {
     /// The name of the builder method whose setting is at fault.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let err = herdcache::Cache::<u32, u32>::builder()
+    ///     .max_capacity(10)
+    ///     .time_to_live(Duration::ZERO)
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(err.setting(), "time_to_live");
+    /// ```
     pub fn setting(&self) -> &'static str {
         match self {
             BuildError::Missing { setting } | BuildError::Invalid { setting, .. } => setting,

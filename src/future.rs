@@ -161,6 +161,25 @@ where
     /// was kept, else [`LoadError::Timeout`]; the load carries on for the others. A caller that
     /// leads the load runs it to completion (the deadline bounds waiting, not loading). The
     /// deadline future is polled only while the caller waits.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), herdcache::BuildError> {
+    /// use std::time::Duration;
+    /// use tokio::time::sleep;
+    /// let cache: herdcache::Cache<u32, u32> = herdcache::Cache::builder().max_capacity(100).build()?;
+    /// let other = cache.clone();
+    /// tokio::spawn(async move {
+    ///     let slow = |_: &u32| async { sleep(Duration::from_secs(5)).await; Ok::<_, ()>(1) };
+    ///     other.get_or_load_async(&1, slow).await // leads a slow load of key 1
+    /// });
+    /// tokio::task::yield_now().await;
+    /// let deadline = sleep(Duration::from_millis(50));
+    /// let r = cache.get_or_load_async_until(&1, deadline, |_| async { Ok::<_, ()>(2) }).await;
+    /// assert_eq!(r, Err(herdcache::LoadError::Timeout)); // the load goes on for the others
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn get_or_load_async_until<Q, E, F, Fut, D>(
         &self,
         key: &Q,
@@ -240,6 +259,24 @@ where
     /// load (its own spawned one included) or for a load permit only until `deadline`
     /// completes. It then returns the expired value the load is replacing if one was kept,
     /// else [`LoadError::Timeout`]; the load carries on and is cached.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), herdcache::BuildError> {
+    /// use std::time::Duration;
+    /// use tokio::time::sleep;
+    /// let cache: herdcache::Cache<u32, u32> = herdcache::Cache::builder()
+    ///     .max_capacity(100)
+    ///     .task_spawner(|task| drop(tokio::spawn(task)))
+    ///     .build()?;
+    /// let slow = |_: &u32| async { sleep(Duration::from_secs(5)).await; Ok::<_, ()>(1) };
+    /// let r = cache.get_or_load_spawned_until(&1, sleep(Duration::from_secs(1)), slow).await;
+    /// assert_eq!(r, Err(herdcache::LoadError::Timeout));
+    /// sleep(Duration::from_secs(5)).await;
+    /// assert_eq!(cache.get(&1), Some(1)); // the spawned load finished, and was cached
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn get_or_load_spawned_until<Q, E, F, Fut, D>(
         &self,
         key: &Q,

@@ -32,6 +32,19 @@ use crate::table::{Decision, Node, Outcome};
 use crate::trace::trace_event;
 
 /// Why [`Cache::get_or_load`] returned no value.
+///
+/// ```
+/// use herdcache::LoadError;
+/// let cache: herdcache::Cache<u32, u32> = herdcache::Cache::builder().max_capacity(10).build()?;
+/// match cache.get_or_load(&1, |_| Err("not found")) {
+///     Err(LoadError::Failed(e)) => assert_eq!(*e, "not found"), // the loader's own error
+///     other => panic!("unexpected: {other:?}"),
+/// }
+/// // A call that needs a spawner, on a cache built without one.
+/// let r = cache.get_or_load_background(&1, |_| Ok::<_, ()>(1));
+/// assert_eq!(r, Err(LoadError::NoSpawner));
+/// # Ok::<(), herdcache::BuildError>(())
+/// ```
 #[derive(Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LoadError<E> {
@@ -184,6 +197,25 @@ where
     /// one was kept, else [`LoadError::Timeout`]; the load carries on and its result is cached
     /// and delivered to the callers still waiting. A caller that leads the load runs the loader
     /// to completion (the deadline bounds waiting, not loading).
+    ///
+    /// ```
+    /// use std::{sync::Barrier, time::Duration};
+    /// let cache: herdcache::Cache<u32, u32> = herdcache::Cache::builder().max_capacity(10).build()?;
+    /// let (started, release) = (Barrier::new(2), Barrier::new(2));
+    /// std::thread::scope(|s| {
+    ///     s.spawn(|| cache.get_or_load(&1, |_| {
+    ///         started.wait();
+    ///         release.wait(); // a slow source
+    ///         Ok::<_, ()>(10)
+    ///     }));
+    ///     started.wait();
+    ///     let r = cache.get_or_load_timeout(&1, Duration::from_millis(10), |_| Ok::<_, ()>(20));
+    ///     assert_eq!(r, Err(herdcache::LoadError::Timeout));
+    ///     release.wait();
+    /// });
+    /// assert_eq!(cache.get(&1), Some(10)); // the load went on and was cached
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn get_or_load_timeout<Q, E, F>(
         &self,
         key: &Q,
@@ -213,6 +245,27 @@ where
     /// the refresh it exists to avoid.
     ///
     /// The loader may outlive the call, hence `Send + 'static`.
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use std::time::Duration;
+    /// let jobs = Arc::new(Mutex::new(Vec::new()));
+    /// let queue = Arc::clone(&jobs);
+    /// let clock = herdcache::ManualClock::new();
+    /// let cache: herdcache::Cache<u32, u32> = herdcache::Cache::builder()
+    ///     .max_capacity(100)
+    ///     .refresh_after(Duration::from_secs(10))
+    ///     .clock(clock.clone())
+    ///     .refresh_spawner(move |job| queue.lock().unwrap().push(job))
+    ///     .build()?;
+    /// cache.insert(1, 1);
+    /// clock.advance(Duration::from_secs(11));
+    /// // Due for a refresh: handed to the spawner, and this call returns the current value.
+    /// assert_eq!(cache.get_or_load_background(&1, |_| Ok::<_, ()>(2)), Ok(1));
+    /// jobs.lock().unwrap().pop().unwrap().run(); // the spawner's thread runs it
+    /// assert_eq!(cache.get(&1), Some(2));
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn get_or_load_background<Q, E, F>(&self, key: &Q, loader: F) -> Result<V, LoadError<E>>
     where
         K: Borrow<Q>,
@@ -304,6 +357,26 @@ where
     /// waiters are woken and look at the key again (so one of them leads a new load), its
     /// load permit is returned, and its result, if it ever comes, goes to its leader only and
     /// is not cached.
+    ///
+    /// ```
+    /// use std::sync::Barrier;
+    /// let cache: herdcache::Cache<u32, u32> = herdcache::Cache::builder().max_capacity(10).build()?;
+    /// assert!(!cache.forget(&1)); // no load in progress
+    /// let (started, release) = (Barrier::new(2), Barrier::new(2));
+    /// std::thread::scope(|s| {
+    ///     let leader = s.spawn(|| cache.get_or_load(&1, |_| {
+    ///         started.wait();
+    ///         release.wait(); // the source changes meanwhile
+    ///         Ok::<_, ()>(10)
+    ///     }));
+    ///     started.wait();
+    ///     assert!(cache.forget(&1));
+    ///     release.wait();
+    ///     assert_eq!(leader.join().unwrap(), Ok(10)); // its leader still gets the value
+    /// });
+    /// assert_eq!(cache.get(&1), None); // but it was not cached
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn forget<Q>(&self, key: &Q) -> bool
     where
         K: Borrow<Q>,

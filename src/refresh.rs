@@ -38,6 +38,22 @@ const BACKOFF_MAX_NANOS: u64 = 30_000_000_000;
 ///
 /// Dropping a job without running it is safe: the refresh counts as failed, the current value
 /// stays in place until its hard expiry, and a later read retries after a backoff.
+///
+/// ```
+/// use std::time::Duration;
+/// let clock = herdcache::ManualClock::new();
+/// let cache: herdcache::Cache<u32, u32> = herdcache::Cache::builder()
+///     .max_capacity(100)
+///     .refresh_after(Duration::from_secs(10))
+///     .clock(clock.clone())
+///     .refresh_spawner(|job: herdcache::RefreshJob| drop(job)) // overloaded: shed refreshes
+///     .build()?;
+/// cache.insert(1, 1);
+/// clock.advance(Duration::from_secs(11));
+/// assert_eq!(cache.get_or_load_background(&1, |_| Ok::<_, ()>(2)), Ok(1));
+/// assert_eq!(cache.get(&1), Some(1)); // the job was dropped: the current value stays
+/// # Ok::<(), herdcache::BuildError>(())
+/// ```
 pub struct RefreshJob {
     job: Box<dyn FnOnce() + Send>,
 }
@@ -48,6 +64,22 @@ impl RefreshJob {
     }
 
     /// Runs the refresh: calls the loader and publishes its result.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let clock = herdcache::ManualClock::new();
+    /// let cache: herdcache::Cache<u32, u32> = herdcache::Cache::builder()
+    ///     .max_capacity(100)
+    ///     .refresh_after(Duration::from_secs(10))
+    ///     .clock(clock.clone())
+    ///     .refresh_spawner(|job| job.run()) // inline, for the example: use another thread
+    ///     .build()?;
+    /// cache.insert(1, 1);
+    /// clock.advance(Duration::from_secs(11));
+    /// assert_eq!(cache.get_or_load_background(&1, |_| Ok::<_, ()>(2)), Ok(1));
+    /// assert_eq!(cache.get(&1), Some(2)); // `run` loaded and published the new value
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn run(self) {
         (self.job)()
     }

@@ -20,6 +20,24 @@ use crate::table::{Decision, Node, Outcome};
 
 /// Why a value left the cache, as told to the
 /// [`eviction_listener`](crate::CacheBuilder::eviction_listener).
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use herdcache::RemovalCause;
+/// let causes = Arc::new(Mutex::new(Vec::new()));
+/// let seen = Arc::clone(&causes);
+/// let cache = herdcache::Cache::builder()
+///     .max_capacity(1)
+///     .eviction_listener(move |_k: &u32, _v: &u32, cause| seen.lock().unwrap().push(cause))
+///     .build()?;
+/// cache.insert(1, 1);
+/// cache.insert(1, 2); // replaces 1's value
+/// cache.insert(2, 2); // no room for both: 1 is evicted
+/// cache.invalidate_all();
+/// use RemovalCause::*;
+/// assert_eq!(*causes.lock().unwrap(), [Replaced, Size, Invalidated]);
+/// # Ok::<(), herdcache::BuildError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum RemovalCause {

@@ -20,6 +20,24 @@ use std::task::{Context, Poll};
 /// before it finishes (say, because the runtime shuts down) cancels the load: nothing is
 /// cached, its waiters look at the key again, and the caller that handed it over gets
 /// [`LoadError::Cancelled`](crate::LoadError::Cancelled).
+///
+/// ```
+/// # fn block_on<F: std::future::Future>(f: F) -> F::Output {
+/// #     use std::task::{Context, Poll, Waker};
+/// #     let mut f = std::pin::pin!(f);
+/// #     let mut cx = Context::from_waker(Waker::noop());
+/// #     loop { if let Poll::Ready(v) = f.as_mut().poll(&mut cx) { return v; } }
+/// # }
+/// let cache: herdcache::Cache<u32, u32> = herdcache::Cache::builder()
+///     .max_capacity(100)
+///     // A real spawner polls each task (`tokio::spawn(task)`); this one drops it.
+///     .task_spawner(|task: herdcache::LoadTask| drop(task))
+///     .build()?;
+/// let r = block_on(cache.get_or_load_spawned(&1, |_| async { Ok::<_, ()>(1) }));
+/// assert_eq!(r, Err(herdcache::LoadError::Cancelled));
+/// assert_eq!(cache.get(&1), None);
+/// # Ok::<(), herdcache::BuildError>(())
+/// ```
 #[must_use = "a load task does nothing unless it is polled"]
 pub struct LoadTask {
     task: Pin<Box<dyn Future<Output = ()> + Send>>,

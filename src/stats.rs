@@ -98,6 +98,15 @@ fn percentile(buckets: &[u64], max: u64, p: f64) -> Duration {
 
 /// A snapshot of a cache's counters, from [`Cache::stats`](crate::Cache::stats).
 /// `Serialize` with the `serde` feature.
+///
+/// ```
+/// let cache = herdcache::Cache::builder().max_capacity(10).build()?;
+/// assert_eq!(cache.get_or_load(&1, |_| Ok::<_, ()>(10)), Ok(10)); // a miss, then a load
+/// assert_eq!(cache.get(&1), Some(10)); // a hit
+/// let stats = cache.stats();
+/// assert_eq!((stats.hits, stats.misses, stats.loads), (1, 1, 1));
+/// # Ok::<(), herdcache::BuildError>(())
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
@@ -192,12 +201,28 @@ pub struct Stats {
 
 impl Stats {
     /// Lookups in total (`hits + misses`).
+    ///
+    /// ```
+    /// let cache = herdcache::Cache::builder().max_capacity(10).build()?;
+    /// cache.insert(1, 1);
+    /// let _ = (cache.get(&1), cache.get(&2), cache.contains_key(&3));
+    /// assert_eq!(cache.stats().requests(), 3);
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn requests(&self) -> u64 {
         self.hits.saturating_add(self.misses)
     }
 
     /// Callers per load that waited for it instead of loading (`coalesced_waits / loads`):
     /// how much single flight saves. 0.0 before any load.
+    ///
+    /// ```
+    /// let mut stats = herdcache::Stats::default();
+    /// assert_eq!(stats.waiters_per_load(), 0.0);
+    /// stats.loads = 4;
+    /// stats.coalesced_waits = 36;
+    /// assert_eq!(stats.waiters_per_load(), 9.0); // each load spared its source 9 calls
+    /// ```
     pub fn waiters_per_load(&self) -> f64 {
         match self.loads {
             0 => 0.0,

@@ -9,6 +9,15 @@ use std::time::Instant;
 use crate::cache::Cache;
 
 /// What [`Cache::warm`] did.
+///
+/// ```
+/// let cache = herdcache::Cache::builder().max_capacity(100).build()?;
+/// cache.insert(0u32, 0u32);
+/// let load = |k: &u32| if k % 4 == 3 { Err("not found") } else { Ok(k * 2) };
+/// let report = cache.warm(0..8, load, 2);
+/// assert_eq!((report.loaded, report.skipped, report.failed), (5, 1, 2));
+/// # Ok::<(), herdcache::BuildError>(())
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct WarmReport {
@@ -22,6 +31,15 @@ pub struct WarmReport {
 
 /// Progress of a warm-up, passed to the callback of [`Cache::warm_with_progress`] after each
 /// key.
+///
+/// ```
+/// let cache = herdcache::Cache::builder().max_capacity(100).build()?;
+/// let mut last = None;
+/// cache.warm_with_progress(0..10u32, |k| Ok::<_, ()>(*k), 4, |p| last = Some(p));
+/// let last: herdcache::WarmProgress = last.unwrap();
+/// assert_eq!((last.done, last.total, last.report.loaded), (10, 10, 10));
+/// # Ok::<(), herdcache::BuildError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct WarmProgress {
@@ -35,6 +53,23 @@ pub struct WarmProgress {
 
 /// The most loads a warm-up runs at once, whatever `concurrency` asks for: each is a thread,
 /// and a warm-up wider than its source can take is the herd the cache exists to prevent.
+///
+/// ```
+/// use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+/// use std::sync::Arc;
+/// let cache = herdcache::Cache::builder().max_capacity(1_000).build()?;
+/// let (running, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+/// let (r, p) = (Arc::clone(&running), Arc::clone(&peak));
+/// let load = move |k: &u32| {
+///     p.fetch_max(r.fetch_add(1, SeqCst) + 1, SeqCst);
+///     r.fetch_sub(1, SeqCst);
+///     Ok::<_, ()>(*k)
+/// };
+/// let report = cache.warm(0..500, load, 1_000); // asks for 1,000 threads
+/// assert_eq!(report.loaded, 500);
+/// assert!(peak.load(SeqCst) <= herdcache::MAX_WARM_CONCURRENCY);
+/// # Ok::<(), herdcache::BuildError>(())
+/// ```
 pub const MAX_WARM_CONCURRENCY: usize = 64;
 
 /// How each key of a warm-up ended.
@@ -104,6 +139,16 @@ where
     }
 
     /// Like [`warm`](Self::warm), calling `progress` after each key (on the calling thread).
+    ///
+    /// ```
+    /// let cache = herdcache::Cache::builder().max_capacity(100).build()?;
+    /// let mut percent = Vec::new();
+    /// let log = |p: herdcache::WarmProgress| percent.push(100 * p.done / p.total);
+    /// let report = cache.warm_with_progress(0..4u32, |k| Ok::<_, ()>(*k), 2, log);
+    /// assert_eq!(percent, [25, 50, 75, 100]);
+    /// assert_eq!(report.loaded, 4);
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn warm_with_progress<I, E, F, P>(
         &self,
         keys: I,

@@ -3,11 +3,24 @@
 use std::fmt;
 
 /// Why a value could not be encoded or decoded.
+///
+/// ```
+/// use herdcache::fleet::{Codec, CodecError, Utf8};
+/// let err: CodecError = Codec::<String>::decode(&Utf8, &[0xff]).unwrap_err();
+/// assert!(err.to_string().starts_with("codec error: "));
+/// assert!(std::error::Error::source(&err).is_some()); // the codec's own error
+/// ```
 #[derive(Debug)]
 pub struct CodecError(Box<dyn std::error::Error + Send + Sync>);
 
 impl CodecError {
     /// Wraps the codec's own error.
+    ///
+    /// ```
+    /// use herdcache::fleet::CodecError;
+    /// let err = CodecError::new("unknown format version 3");
+    /// assert_eq!(err.to_string(), "codec error: unknown format version 3");
+    /// ```
     pub fn new(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
         CodecError(error.into())
     }
@@ -53,6 +66,17 @@ pub trait Codec<V>: Send + Sync + 'static {
 }
 
 /// `String` values as UTF-8 (also `Arc<str>`).
+///
+/// ```
+/// use std::sync::Arc;
+/// use herdcache::fleet::{Codec, Utf8};
+/// let bytes = Utf8.encode(&"héllo".to_owned())?;
+/// assert_eq!(bytes, "héllo".as_bytes());
+/// let back: Arc<str> = Utf8.decode(&bytes)?;
+/// assert_eq!(&*back, "héllo");
+/// assert!(Codec::<String>::decode(&Utf8, &[0xff, 0xfe]).is_err()); // not UTF-8
+/// # Ok::<(), herdcache::fleet::CodecError>(())
+/// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Utf8;
 
@@ -75,6 +99,14 @@ impl Codec<std::sync::Arc<str>> for Utf8 {
 }
 
 /// `Vec<u8>` values as they are.
+///
+/// ```
+/// use herdcache::fleet::{Codec, Raw};
+/// let bytes = Raw.encode(&vec![0, 159, 255])?;
+/// assert_eq!(bytes, [0, 159, 255]);
+/// assert_eq!(Raw.decode(&bytes)?, [0, 159, 255]);
+/// # Ok::<(), herdcache::fleet::CodecError>(())
+/// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Raw;
 
@@ -88,6 +120,20 @@ impl Codec<Vec<u8>> for Raw {
 }
 
 /// Any serde value as JSON (feature `serde`).
+///
+/// ```
+/// use herdcache::fleet::{Codec, Json};
+/// #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+/// struct User {
+///     id: u64,
+///     name: String,
+/// }
+/// let user = User { id: 7, name: "Ada".into() };
+/// let bytes = Json.encode(&user)?;
+/// assert_eq!(bytes, br#"{"id":7,"name":"Ada"}"#);
+/// assert_eq!(Codec::<User>::decode(&Json, &bytes)?, user);
+/// # Ok::<(), herdcache::fleet::CodecError>(())
+/// ```
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 #[derive(Debug, Clone, Copy, Default)]

@@ -171,6 +171,22 @@ impl<K, V> fmt::Debug for RedisTier<K, V> {
 }
 
 /// Settings of a [`RedisTier`], checked by [`build`](Self::build).
+///
+/// ```
+/// use std::time::Duration;
+/// use herdcache::fleet::{RedisTier, RedisTierBuilder, Utf8};
+/// // Settings are a plain value: one base for several tiers.
+/// let base: RedisTierBuilder =
+///     RedisTier::builder("redis://127.0.0.1/").lease(Duration::from_secs(2));
+/// let users: RedisTier<u64, String> = base
+///     .clone()
+///     .key_prefix("users:")
+///     .build(|id: &u64| id.to_string(), Utf8)?;
+/// let orders: RedisTier<u64, String> =
+///     base.key_prefix("orders:").build(|id: &u64| id.to_string(), Utf8)?;
+/// # let _ = (users, orders);
+/// # Ok::<(), herdcache::BuildError>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct RedisTierBuilder {
     url: String,
@@ -188,6 +204,17 @@ impl RedisTier<(), ()> {
     /// Settings for a tier on the Redis at `url` (`redis://host:port/db`). Nothing connects
     /// until the tier is given to a cache. (The key and value types come with
     /// [`build`](RedisTierBuilder::build).)
+    ///
+    /// ```
+    /// use herdcache::fleet::{RedisTier, Utf8};
+    /// let tier: RedisTier<u64, String> = RedisTier::builder("redis://127.0.0.1:6379/0")
+    ///     .build(|id: &u64| id.to_string(), Utf8)?; // nothing connects yet
+    /// let bad: Result<RedisTier<u64, String>, _> =
+    ///     RedisTier::builder("not a url").build(|id: &u64| id.to_string(), Utf8);
+    /// assert_eq!(bad.unwrap_err().setting(), "url");
+    /// # let _ = tier;
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn builder(url: impl Into<String>) -> RedisTierBuilder {
         RedisTierBuilder {
             url: url.into(),
@@ -248,6 +275,21 @@ impl RedisTierBuilder {
     /// How long a lock lives unless its holder releases it (default 5 s): the most a crashed
     /// holder can delay the fleet. Make it longer than a typical load: a holder whose load
     /// outlives its lease does not publish its value. 1 ms to one day.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use herdcache::fleet::{RedisTier, Utf8};
+    /// let tier: RedisTier<u64, String> = RedisTier::builder("redis://127.0.0.1/")
+    ///     .lease(Duration::from_secs(10)) // loads take up to a few seconds
+    ///     .build(|id: &u64| id.to_string(), Utf8)?;
+    /// let err = RedisTier::builder("redis://127.0.0.1/")
+    ///     .lease(Duration::from_micros(500))
+    ///     .build::<u64, String>(|id| id.to_string(), Utf8)
+    ///     .unwrap_err();
+    /// assert_eq!(err.setting(), "lease"); // Redis leases are in milliseconds
+    /// # let _ = tier;
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -256,18 +298,50 @@ impl RedisTierBuilder {
     /// The longest an instance waits for another instance's load before loading itself
     /// (default 1 s; a load's own deadline cuts it shorter). Zero: never wait. At most one
     /// day.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use herdcache::fleet::{RedisTier, Utf8};
+    /// // Latency first: never wait for another instance's load, load at once.
+    /// let tier = RedisTier::builder("redis://127.0.0.1/")
+    ///     .wait_bound(Duration::ZERO)
+    ///     .build(|id: &u64| id.to_string(), Utf8)?;
+    /// # let _: RedisTier<u64, String> = tier;
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn wait_bound(mut self, bound: Duration) -> Self {
         self.wait_bound = bound;
         self
     }
 
     /// Connect and reply timeout of each Redis operation (default 100 ms).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use herdcache::fleet::{RedisTier, Utf8};
+    /// // Redis in the same zone: give up on it sooner and load locally.
+    /// let tier = RedisTier::builder("redis://127.0.0.1/")
+    ///     .op_timeout(Duration::from_millis(20))
+    ///     .build(|id: &u64| id.to_string(), Utf8)?;
+    /// # let _: RedisTier<u64, String> = tier;
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn op_timeout(mut self, timeout: Duration) -> Self {
         self.op_timeout = timeout;
         self
     }
 
     /// How long Redis is skipped after a failure (default 1 s).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use herdcache::fleet::{RedisTier, Utf8};
+    /// let tier = RedisTier::builder("redis://127.0.0.1/")
+    ///     .retry_after(Duration::from_secs(5)) // load locally for 5 s after a failure
+    ///     .build(|id: &u64| id.to_string(), Utf8)?;
+    /// # let _: RedisTier<u64, String> = tier;
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn retry_after(mut self, pause: Duration) -> Self {
         self.retry_after = pause;
         self
@@ -275,6 +349,16 @@ impl RedisTierBuilder {
 
     /// Failures are logged at most once per this interval (default 10 s); the rest are only
     /// counted.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use herdcache::fleet::{RedisTier, Utf8};
+    /// let tier = RedisTier::builder("redis://127.0.0.1/")
+    ///     .log_interval(Duration::from_secs(60)) // one log line a minute at most
+    ///     .build(|id: &u64| id.to_string(), Utf8)?;
+    /// # let _: RedisTier<u64, String> = tier;
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn log_interval(mut self, interval: Duration) -> Self {
         self.log_interval = interval;
         self
@@ -322,6 +406,21 @@ impl RedisTierBuilder {
     ///
     /// # Errors
     /// [`BuildError::Invalid`] for a malformed URL or a duration out of range.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use herdcache::fleet::{Raw, RedisTier};
+    /// // Keys of two parts, values stored as raw bytes.
+    /// let tier: RedisTier<(u32, String), Vec<u8>> = RedisTier::builder("redis://127.0.0.1/")
+    ///     .build(|(tenant, path): &(u32, String)| format!("{tenant}/{path}"), Raw)?;
+    /// let err = RedisTier::builder("redis://127.0.0.1/")
+    ///     .coherence_bound(Duration::from_millis(5))
+    ///     .build::<u64, Vec<u8>>(|id| id.to_string(), Raw)
+    ///     .unwrap_err();
+    /// assert_eq!(err.setting(), "coherence_bound");
+    /// # let _ = tier;
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
     pub fn build<K, V>(
         self,
         key_name: impl Fn(&K) -> String + Send + Sync + 'static,
