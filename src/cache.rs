@@ -507,8 +507,7 @@ where
         };
         let entry = &node.value;
         let now = OnceNow::new(&self.inner.clock);
-        if let Some(value) = entry.live_value(|| now.get()) {
-            self.record_hit(entry, &now, pinned);
+        if let Some(value) = self.hit(entry, &now, pinned) {
             return Some(value);
         }
         pinned.count(Counter::Misses);
@@ -518,10 +517,25 @@ where
         None
     }
 
+    /// The hit path shared by every read (`get`, `pin().get`, the loading calls): `entry`'s
+    /// live value, if it has one, with the hit recorded. The loading calls then look at the
+    /// value's refresh plan; a miss is theirs to count.
+    #[inline(always)]
+    pub(crate) fn hit<'g>(
+        &self,
+        entry: &'g Entry<V>,
+        now: &OnceNow<'_>,
+        pinned: &Pinned<'_>,
+    ) -> Option<&'g V> {
+        let value = entry.live_value(|| now.get())?;
+        self.record_hit(entry, now, pinned);
+        Some(value)
+    }
+
     /// The bookkeeping of a hit: the entry's hit counter and, with a `time_to_idle`, its
     /// idle deadline (both test before set), and this thread's counter.
     #[inline]
-    pub(crate) fn record_hit(&self, entry: &Entry<V>, now: &OnceNow<'_>, pinned: &Pinned<'_>) {
+    fn record_hit(&self, entry: &Entry<V>, now: &OnceNow<'_>, pinned: &Pinned<'_>) {
         entry.policy.on_hit();
         if let Some(units) = self.inner.time_to_idle {
             entry.policy.used(now.get(), units);

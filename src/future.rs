@@ -345,7 +345,15 @@ where
                 panicked: &lead.panicked,
             };
             #[cfg(feature = "redis")]
-            let tier = lead.cache.inner.shared.as_ref().filter(|_| on_tokio());
+            let tier = match lead.cache.inner.shared.as_ref() {
+                Some(tier) if !on_tokio() => {
+                    // Not silently: counted, and logged once per tier.
+                    lead.cache.inner.domain.pin().count(Counter::SharedSkipped);
+                    tier.skipped_off_tokio();
+                    None
+                }
+                tier => tier,
+            };
             #[cfg(not(feature = "redis"))]
             let tier: Option<std::convert::Infallible> = None;
             match tier {
@@ -495,7 +503,7 @@ where
 }
 
 /// Whether this future runs on a tokio runtime, which the shared tier's async client needs;
-/// elsewhere a load skips the tier.
+/// elsewhere a load skips the tier (counted in `shared_skipped`, logged once).
 #[cfg(feature = "redis")]
 fn on_tokio() -> bool {
     tokio::runtime::Handle::try_current().is_ok()

@@ -610,8 +610,7 @@ where
                 let entry = &node.value;
                 let now = OnceNow::new(&self.inner.clock);
                 // A live value, or the value a refresh in progress still serves.
-                if let Some(v) = entry.live_value(|| now.get()) {
-                    self.record_hit(entry, &now, &pinned);
+                if let Some(v) = self.hit(entry, &now, &pinned) {
                     let Kind::Ready(r) = &entry.kind else {
                         return Step::Done(Ok(v.clone()));
                     };

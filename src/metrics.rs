@@ -50,6 +50,7 @@ const COUNTERS: &[Exported] = &[
         s.shared_stale_dropped
     }),
     ("herdcache_shared_conflicts_total", |s| s.shared_conflicts),
+    ("herdcache_shared_skipped_total", |s| s.shared_skipped),
 ];
 
 impl<K, V, S> Cache<K, V, S>

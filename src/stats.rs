@@ -59,9 +59,11 @@ pub(crate) enum Counter {
     /// Callers served an expired (or, behind a refresh, still valid) value in place of a load
     /// that did not finish for them.
     StaleServed,
+    /// Loads led by a future outside a tokio runtime, which skipped the shared tier.
+    SharedSkipped,
 }
 
-const COUNTERS: usize = Counter::StaleServed as usize + 1;
+const COUNTERS: usize = Counter::SharedSkipped as usize + 1;
 /// Load durations, by power of two: bucket `i` counts loads of less than `2^(i + 10)` ns
 /// (bucket 0: under about 1 µs; the last: everything from about 9 minutes on).
 const LATENCY_BUCKETS: usize = 30;
@@ -180,6 +182,11 @@ pub struct Stats {
     /// while they ran (or they outlived their lease): their waiters got the value, no cache
     /// kept it.
     pub shared_conflicts: u64,
+    /// Loads led by a future outside a tokio runtime (feature `redis`): the shared tier's
+    /// client needs one, so they loaded locally, without the fleet's lock or its value (the
+    /// first is also logged, once per tier). Drive such loads with `get_or_load_spawned` and
+    /// `tokio_spawner`, or call from a tokio task, to keep them in the fleet's single flight.
+    pub shared_skipped: u64,
     /// Loads running now (a gauge): started and not yet ended, including loads detached past
     /// their `load_timeout` whose loader has not returned.
     pub loads_in_flight: u64,
@@ -455,6 +462,7 @@ impl CounterRegistry {
             shared_broadcast_lag_micros: get(Counter::SharedBroadcastLagMicros),
             shared_stale_dropped: get(Counter::SharedStaleDropped),
             shared_conflicts: get(Counter::SharedConflicts),
+            shared_skipped: get(Counter::SharedSkipped),
             // Both sums are read at slightly different instants: never below zero.
             loads_in_flight: get(Counter::Loads).saturating_sub(get(Counter::LoadsEnded)),
             stale_served: get(Counter::StaleServed),

@@ -628,3 +628,33 @@ fn wait_until(mut cond: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// A future's load outside a tokio runtime cannot use the tier's async client: it loads
+/// locally, and says so (a counter, a log line once) instead of skipping the tier silently.
+#[test]
+fn a_future_outside_tokio_loads_locally_and_is_counted() {
+    let Some(redis) = RedisServer::start("a_future_outside_tokio") else {
+        return;
+    };
+    let wait = Duration::from_secs(30);
+    let cache = instance(
+        tier(&redis.url(), "nt:", wait, wait),
+        Duration::from_secs(60),
+    );
+    // The simplest executor there is: poll with a no-op waker until ready.
+    let v = {
+        let mut f = std::pin::pin!(cache.get_or_load_async("k", |k: &String| {
+            let v = format!("{k}!");
+            async move { Ok::<_, ()>(v) }
+        }));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        loop {
+            if let std::task::Poll::Ready(v) = std::future::Future::poll(f.as_mut(), &mut cx) {
+                break v;
+            }
+        }
+    };
+    assert_eq!(v.as_deref(), Ok("k!"));
+    let s = cache.stats();
+    assert_eq!((s.loads, s.shared_skipped, s.shared_loads), (1, 1, 0));
+}

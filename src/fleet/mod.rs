@@ -21,7 +21,7 @@ use std::fmt;
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::pin::pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
@@ -156,6 +156,13 @@ pub struct RedisTier<K, V> {
     retry_after: Duration,
     health: Health,
     coherence: Arc<Coherence>,
+}
+
+impl<K, V> RedisTier<K, V> {
+    /// Notes a future's load that skipped the tier for want of a tokio runtime.
+    pub(crate) fn skipped_off_tokio(&self) {
+        self.health.skipped_off_tokio();
+    }
 }
 
 impl<K, V> fmt::Debug for RedisTier<K, V> {
@@ -486,6 +493,8 @@ struct Health {
     down_until: AtomicU64,
     /// Nanoseconds since `epoch` of the last logged failure, plus one (0: never).
     logged_at: AtomicU64,
+    /// Whether a load outside a tokio runtime, which skips the tier, has been logged.
+    logged_off_tokio: AtomicBool,
     retry_after: Duration,
     log_interval: Duration,
 }
@@ -496,6 +505,7 @@ impl Health {
             epoch: Instant::now(),
             down_until: AtomicU64::new(0),
             logged_at: AtomicU64::new(0),
+            logged_off_tokio: AtomicBool::new(false),
             retry_after,
             log_interval,
         }
@@ -508,6 +518,20 @@ impl Health {
     // Relaxed throughout: these are timestamps for a heuristic, ordering nothing else.
     fn is_down(&self) -> bool {
         self.now() < self.down_until.load(Ordering::Relaxed)
+    }
+
+    /// A future's load outside a tokio runtime skipped the tier: said once per tier, and
+    /// counted each time by the caller.
+    fn skipped_off_tokio(&self) {
+        if !self.logged_off_tokio.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "herdcache: a future loaded outside a tokio runtime, which the shared tier's client needs; such loads skip the tier (counted in Stats::shared_skipped)"
+            );
+            trace_event!(
+                WARN,
+                "a future's load outside a tokio runtime skipped the shared tier"
+            );
+        }
     }
 
     fn failed(&self, e: &StoreError) {
