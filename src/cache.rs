@@ -11,7 +11,7 @@ use std::time::Duration;
 use crossbeam_epoch::Owned;
 use crossbeam_utils::CachePadded;
 
-use crate::clock::{duration_to_nanos, OnceNow, TimeSource};
+use crate::clock::{duration_to_nanos, TimeSource};
 use crate::entry::{expiry_after, Entry, NEVER};
 use crate::local::{Domain, Pinned};
 use crate::pacing::Limiter;
@@ -506,12 +506,11 @@ where
             return None;
         };
         let entry = &node.value;
-        let now = OnceNow::new(&self.inner.clock);
-        if let Some(value) = self.hit(entry, &now, pinned) {
+        if let Some(value) = self.hit(entry, || self.now(), pinned) {
             return Some(value);
         }
         pinned.count(Counter::Misses);
-        if entry.is_expired(|| now.get()) {
+        if entry.is_expired(|| self.now()) {
             self.remove_expired(node, pinned);
         }
         None
@@ -520,27 +519,25 @@ where
     /// The hit path shared by every read (`get`, `pin().get`, the loading calls): `entry`'s
     /// live value, if it has one, with the hit recorded. The loading calls then look at the
     /// value's refresh plan; a miss is theirs to count.
+    ///
+    /// `now` reads the clock, if the entry can expire: lazily, and in `get` a second time
+    /// for a `time_to_idle` (a cache without one pays nothing for it on a hit).
     #[inline(always)]
     pub(crate) fn hit<'g>(
         &self,
         entry: &'g Entry<V>,
-        now: &OnceNow<'_>,
+        now: impl Fn() -> u64,
         pinned: &Pinned<'_>,
     ) -> Option<&'g V> {
-        let value = entry.live_value(|| now.get())?;
-        self.record_hit(entry, now, pinned);
-        Some(value)
-    }
-
-    /// The bookkeeping of a hit: the entry's hit counter and, with a `time_to_idle`, its
-    /// idle deadline (both test before set), and this thread's counter.
-    #[inline]
-    fn record_hit(&self, entry: &Entry<V>, now: &OnceNow<'_>, pinned: &Pinned<'_>) {
+        let value = entry.live_value(&now)?;
+        // The entry's hit counter and, with a `time_to_idle`, its idle deadline: both test
+        // before set.
         entry.policy.on_hit();
         if let Some(units) = self.inner.time_to_idle {
-            entry.policy.used(now.get(), units);
+            entry.policy.used(now(), units);
         }
         pinned.count(Counter::Hits);
+        Some(value)
     }
 
     #[cold]

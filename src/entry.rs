@@ -139,9 +139,11 @@ impl<V> Entry<V> {
         }
     }
 
+    /// An entry that can idle never has the expiry `NEVER` (see `with_idle`), so a value
+    /// that never expires is judged by one comparison, with no look at the idle deadline.
     #[inline]
     fn ready_live(&self, r: &Ready<V>, now: impl FnOnce() -> u64) -> bool {
-        if r.expires_at == NEVER && !self.policy.idles() {
+        if r.expires_at == NEVER {
             return true;
         }
         let now = now();
@@ -149,9 +151,13 @@ impl<V> Entry<V> {
     }
 
     /// A ready entry that also expires after `units` idle units unused (`time_to_idle`),
-    /// written at `now`.
+    /// written at `now`. Without a TTL its expiry becomes the last finite one (as a TTL past
+    /// the clock's range does), so that the liveness check reaches the idle deadline.
     pub(crate) fn with_idle(mut self, now: u64, units: u32) -> Self {
         self.policy = EntryState::idle_after(now, units);
+        if let Kind::Ready(r) = &mut self.kind {
+            r.expires_at = r.expires_at.min(NEVER - 1);
+        }
         self
     }
 }

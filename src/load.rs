@@ -610,7 +610,7 @@ where
                 let entry = &node.value;
                 let now = OnceNow::new(&self.inner.clock);
                 // A live value, or the value a refresh in progress still serves.
-                if let Some(v) = self.hit(entry, &now, &pinned) {
+                if let Some(v) = self.hit(entry, || now.get(), &pinned) {
                     let Kind::Ready(r) = &entry.kind else {
                         return Step::Done(Ok(v.clone()));
                     };

@@ -81,12 +81,6 @@ impl EntryState {
         }
     }
 
-    /// Whether the entry can expire for want of use.
-    #[inline]
-    pub(crate) fn idles(&self) -> bool {
-        self.idle_until.load(Ordering::Relaxed) != 0
-    }
-
     /// The hits since the last look, leaving them for the look.
     pub(crate) fn pending_hits(&self) -> u8 {
         self.hits.load(Ordering::Relaxed)
