@@ -5,26 +5,16 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Barrier;
 use std::thread;
-use std::time::{Duration, Instant};
 
 use herdcache::Cache;
+
+mod common;
+use common::await_waiters;
 
 type C = Cache<String, String>;
 
 fn cache() -> C {
     Cache::builder().max_capacity(100).build().unwrap()
-}
-
-/// Spins until `waiters` callers have joined a load on `c` (failing after 30 s).
-fn await_waiters(c: &C, waiters: u64) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while c.stats().coalesced_waits < waiters {
-        assert!(
-            Instant::now() < deadline,
-            "{waiters} waiters did not join the load within 30 s"
-        );
-        thread::yield_now();
-    }
 }
 
 #[test]

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::held_load;
+use common::{await_waiters, held_load};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Barrier};
@@ -21,18 +21,6 @@ fn cache() -> C {
 
 /// How long a test waits for another thread before it fails instead of hanging.
 const BOUND: Duration = Duration::from_secs(30);
-
-/// Spins until `waiters` callers have joined a load on `c` (failing after `BOUND`).
-fn await_waiters(c: &C, waiters: u64) {
-    let deadline = std::time::Instant::now() + BOUND;
-    while c.stats().coalesced_waits < waiters {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{waiters} waiters did not join the load within {BOUND:?}"
-        );
-        thread::yield_now();
-    }
-}
 
 #[test]
 fn concurrent_misses_run_the_loader_once_and_share_its_value() {

@@ -46,6 +46,23 @@ pub fn read_each<C: BenchCache>(cache: &C, keys: &[u64]) -> u64 {
 /// `true`: a batch of reads goes through one `Cache::pin` (`CacheGuard::get`).
 pub struct HerdcacheReads<const PIN_BATCH: bool>(pub herdcache::Cache<u64, u64, Hasher>);
 
+/// herdcache sized for `capacity` entries, with the shared hasher and `ttl` if any.
+fn herdcache_for(
+    capacity: usize,
+    ttl: Option<std::time::Duration>,
+) -> herdcache::Cache<u64, u64, Hasher> {
+    let builder = herdcache::Cache::builder()
+        .max_capacity(capacity as u64)
+        .initial_capacity(capacity)
+        .hasher(Hasher::default());
+    match ttl {
+        Some(ttl) => builder.time_to_live(ttl),
+        None => builder,
+    }
+    .build()
+    .expect("valid settings")
+}
+
 /// herdcache's `Cache::get`: one epoch pin per read.
 pub type Herdcache = HerdcacheReads<false>;
 
@@ -60,14 +77,7 @@ impl<const PIN_BATCH: bool> BenchCache for HerdcacheReads<PIN_BATCH> {
     };
     const BOUNDED: bool = true;
     fn with_capacity(capacity: usize) -> Self {
-        HerdcacheReads(
-            herdcache::Cache::builder()
-                .max_capacity(capacity as u64)
-                .initial_capacity(capacity)
-                .hasher(Hasher::default())
-                .build()
-                .expect("valid settings"),
-        )
+        HerdcacheReads(herdcache_for(capacity, None))
     }
     #[inline]
     fn get(&self, key: u64) -> Option<u64> {
@@ -95,15 +105,10 @@ impl BenchCache for HerdcacheTtl {
     const NAME: &'static str = "herdcache (TTL)";
     const BOUNDED: bool = true;
     fn with_capacity(capacity: usize) -> Self {
-        HerdcacheTtl(
-            herdcache::Cache::builder()
-                .max_capacity(capacity as u64)
-                .initial_capacity(capacity)
-                .time_to_live(std::time::Duration::from_secs(3_600))
-                .hasher(Hasher::default())
-                .build()
-                .expect("valid settings"),
-        )
+        HerdcacheTtl(herdcache_for(
+            capacity,
+            Some(std::time::Duration::from_secs(3_600)),
+        ))
     }
     #[inline]
     fn get(&self, key: u64) -> Option<u64> {

@@ -57,6 +57,20 @@ pub fn held_load(
     (release, t)
 }
 
+/// Spins until `waiters` callers have joined loads on `c` (its `coalesced_waits`), failing
+/// the test after 30 s instead of hanging it: how a test holds a leader's loader until its
+/// waiters are parked, without sleeping.
+pub fn await_waiters<K, V, S>(c: &Cache<K, V, S>, waiters: u64)
+where
+    K: std::hash::Hash + Eq + Send + Sync + 'static,
+    V: Send + Sync + 'static,
+    S: std::hash::BuildHasher,
+{
+    spin_until(&format!("{waiters} waiters joining the load"), || {
+        c.stats().coalesced_waits >= waiters
+    });
+}
+
 /// Spins (yielding) until `cond` holds, so that a test can order its threads without
 /// sleeping; fails the test with `what` after 30 s instead of hanging it.
 pub fn spin_until(what: &str, cond: impl Fn() -> bool) {
