@@ -248,7 +248,8 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     /// Time to idle: a value not read for this long expires, whatever its time to live
     /// (optional; from 1 ns to a year). A read (`get`, a hit of a loading call, `pin().get`)
     /// renews it; `peek` and iteration do not. Deadlines are kept in units of about 16.8 ms,
-    /// rounded up, so a value expires at most that much after the idle time, never before.
+    /// rounded up, so a value expires at most two units (about 34 ms) after the idle time,
+    /// never before.
     ///
     /// Hits stay free of shared writes: an entry's deadline moves at most once per unit
     /// (test before set), so a hot entry's line is written about 60 times a second at most.

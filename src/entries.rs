@@ -168,9 +168,12 @@ where
     ///
     /// Weakly consistent, as [`CacheGuard::iter`]: each entry present for the whole call is
     /// offered once, entries written meanwhile may or may not be. A value written for a key
-    /// after `keep` saw its older one is not removed. Keys whose load is in progress and
-    /// expired values are not offered. `keep` runs without any lock held, so it may use the
-    /// cache; if it panics, the entries removed before stay removed.
+    /// after `keep` saw its older one is not removed. Expired values and keys whose first
+    /// load is in progress (no value yet) are not offered; a key being refreshed is offered
+    /// with the value it still serves, and rejecting it also detaches the refresh. `keep`
+    /// runs without any lock held, so it may use the cache; if it panics, the entries
+    /// removed before stay removed. The walk holds one epoch pin throughout, so nothing
+    /// removed meanwhile is freed until it ends: keep `keep` quick.
     ///
     /// ```
     /// let cache = herdcache::Cache::builder().max_capacity(100).build()?;
@@ -214,8 +217,9 @@ where
     /// Weakly consistent: each entry present for the whole iteration is yielded once;
     /// entries written or removed meanwhile may or may not be, and a key written during the
     /// iteration may appear with its old value. Expired values (as of the iteration's start)
-    /// and keys whose load is in progress are skipped. Writes and removals by other threads
-    /// go on meanwhile; no removed value is freed while the guard lives.
+    /// and keys whose first load is in progress are skipped; a key being refreshed appears
+    /// with the value it still serves. Writes and removals by other threads go on
+    /// meanwhile; no removed value is freed while the guard lives.
     ///
     /// ```
     /// let cache = herdcache::Cache::builder().max_capacity(100).build()?;

@@ -150,6 +150,13 @@ impl<V> Entry<V> {
         now < r.expires_at && !self.policy.idle_expired(now)
     }
 
+    /// When the ready value `r` of this entry stops being valid, as seen at `now`: its
+    /// expiry, or its idle deadline if that comes first. What a load that replaces it may
+    /// serve as a stale fallback is bounded by this, not by the expiry alone.
+    pub(crate) fn valid_until(&self, r: &Ready<V>, now: u64) -> u64 {
+        r.expires_at.min(self.policy.idle_deadline_nanos(now))
+    }
+
     /// A ready entry that also expires after `units` idle units unused (`time_to_idle`),
     /// written at `now`. Without a TTL its expiry becomes the last finite one (as a TTL past
     /// the clock's range does), so that the liveness check reaches the idle deadline.

@@ -106,7 +106,11 @@ where
     /// # Panics
     ///
     /// As [`get_with`](Self::get_with): if `init`'s future panics, or if it awaits this cache
-    /// for the key it is computing.
+    /// for the key it is computing. Also if the cache's
+    /// [`load_timeout`](crate::CacheBuilder::load_timeout) cuts off the init future this call
+    /// leads (it is dropped at the deadline, so there is no value to return): use
+    /// [`get_or_load_async`](Self::get_or_load_async) to handle
+    /// [`LoadError::LoadTimedOut`] instead.
     ///
     /// ```
     /// # fn block_on<F: std::future::Future>(f: F) -> F::Output {
@@ -139,8 +143,8 @@ where
                     async move {
                         match fut {
                             Some(fut) => Ok::<V, Infallible>(fut.await),
-                            None => unreachable!(
-                                "get_with_async's init ran in a call that then looked again"
+                            None => panic!(
+                                "get_with_async: the load_timeout cut off the init future this call led, and there is no value to return"
                             ),
                         }
                     }
@@ -316,14 +320,19 @@ where
         let current = lead.flight.serving(|| self.now()).cloned();
         let flight = Arc::clone(&lead.flight);
         spawner.spawn(async move {
-            let _ = Self::lead_async(lead, loader).await;
+            let _ = Self::lead_async(lead, loader, true).await;
         });
         Handoff::Spawned { flight, current }
     }
 
     /// Runs the loader future as the flight's leader and finishes the flight on every path
     /// out (a panic or a drop mid-load included, through `Lead`'s drop).
-    async fn lead_async<E, F, Fut>(lead: Lead<K, V, S>, loader: F) -> Result<V, LoadError<E>>
+    /// `queued`: as for `run_lead` (a spawned task may start past the load's deadline).
+    async fn lead_async<E, F, Fut>(
+        lead: Lead<K, V, S>,
+        loader: F,
+        queued: bool,
+    ) -> Result<V, LoadError<E>>
     where
         F: FnOnce(&K) -> Fut,
         Fut: Future<Output = Result<V, E>>,
@@ -331,7 +340,7 @@ where
     {
         // No thread runs the loader: the future may move between threads.
         lead.flight.clear_leader();
-        if lead.stale_before_start() {
+        if queued && lead.stale_before_start() {
             return lead.time_out();
         }
         let started = lead.cache.now();
@@ -416,7 +425,7 @@ where
                         return Err(LoadError::Cancelled);
                     };
                     match hand_off(lead, f) {
-                        Handoff::Inline(lead, f) => return Self::lead_async(lead, f).await,
+                        Handoff::Inline(lead, f) => return Self::lead_async(lead, f, false).await,
                         Handoff::Spawned {
                             current: Some(v), ..
                         } => return Ok(v),

@@ -186,7 +186,7 @@ where
     {
         match self.begin(key, None) {
             Begin::Done(r) => r,
-            Begin::Lead(lead) => Self::run_lead(lead, loader),
+            Begin::Lead(lead) => Self::run_lead(lead, loader, false),
         }
     }
 
@@ -232,7 +232,7 @@ where
         let deadline = Instant::now().checked_add(timeout);
         match self.begin(key, deadline) {
             Begin::Done(r) => r,
-            Begin::Lead(lead) => Self::run_lead(lead, loader),
+            Begin::Lead(lead) => Self::run_lead(lead, loader, false),
         }
     }
 
@@ -288,11 +288,11 @@ where
                 // thread meanwhile must wait for it, not be taken for re-entry.
                 lead.flight.clear_leader();
                 spawn(crate::RefreshJob::new(move || {
-                    let _ = Self::run_lead(lead, loader);
+                    let _ = Self::run_lead(lead, loader, true);
                 }));
                 Ok(current)
             }
-            _ => Self::run_lead(lead, loader),
+            _ => Self::run_lead(lead, loader, false),
         }
     }
 
@@ -631,7 +631,9 @@ where
                 match &entry.kind {
                     Kind::Ready(r) => {
                         history = r.history();
-                        replaced = Some((r.value.clone(), r.expires_at));
+                        // Valid until its TTL or its idle deadline, whichever is first: an
+                        // idle-expired value is as stale as an expired one.
+                        replaced = Some((r.value.clone(), entry.valid_until(r, now.get())));
                     }
                     Kind::Loading(flight) => {
                         if flight.overdue(Instant::now()) && !flight.led_by_current_thread() {
@@ -791,13 +793,15 @@ where
     }
 
     /// Runs the loader as the flight's leader and finishes the flight on every path out.
-    fn run_lead<E, F>(lead: Lead<K, V, S>, loader: F) -> Result<V, LoadError<E>>
+    /// `queued`: the load waited for a spawner (a refresh job) and may be past its deadline
+    /// before it starts; a caller's own inline load starts at once and always runs.
+    fn run_lead<E, F>(lead: Lead<K, V, S>, loader: F, queued: bool) -> Result<V, LoadError<E>>
     where
         F: FnOnce(&K) -> Result<V, E>,
         E: Send + Sync + 'static,
     {
         lead.flight.set_leader_here();
-        if lead.stale_before_start() {
+        if queued && lead.stale_before_start() {
             return lead.time_out();
         }
         // Measured with the cache's clock, so a manual clock drives XFetch's delta in tests.

@@ -65,7 +65,7 @@ pub(crate) enum Counter {
 
 const COUNTERS: usize = Counter::SharedSkipped as usize + 1;
 /// Load durations, by power of two: bucket `i` counts loads of less than `2^(i + 10)` ns
-/// (bucket 0: under about 1 µs; the last: everything from about 9 minutes on).
+/// (bucket 0: under about 1 µs; the last: everything from 2^38 ns, about 4.6 minutes, on).
 const LATENCY_BUCKETS: usize = 30;
 /// Where the buckets start in a block, and the slot of the longest load (nanoseconds, a
 /// maximum rather than a sum).

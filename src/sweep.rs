@@ -67,7 +67,7 @@ where
         if write % SWEEP_EVERY != 0 {
             return;
         }
-        let start = write / SWEEP_EVERY * SWEEP_SLOTS;
+        let start = (write / SWEEP_EVERY).wrapping_mul(SWEEP_SLOTS);
         let nodes = self
             .inner
             .table

@@ -112,3 +112,15 @@ async fn futures_missing_together_run_init_once() {
     }
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
+
+#[test]
+fn a_load_timeout_shorter_than_any_load_does_not_stop_the_callers_own_load() {
+    // The caller's own inline load once counted as past its deadline before it started, so
+    // `get_with` looked again for ever.
+    let c: C = Cache::builder()
+        .max_capacity(10)
+        .load_timeout(std::time::Duration::from_nanos(1))
+        .build()
+        .unwrap();
+    assert_eq!(c.get_with("k", |k| format!("{k}!")), "k!");
+}

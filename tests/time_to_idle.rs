@@ -59,7 +59,9 @@ impl Model {
     fn live(&self, k: u8) -> Option<u32> {
         self.map
             .get(&k)
-            .filter(|(_, used)| self.now - used < TTI_UNITS)
+            // A deadline is one unit past `units` after the unit of its use (it must not
+            // come early for a use late in its unit), so on unit boundaries it is one late.
+            .filter(|(_, used)| self.now - used < TTI_UNITS + 1)
             .map(|(v, _)| *v)
     }
 
@@ -107,6 +109,53 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn a_value_gone_idle_is_not_served_while_its_reload_runs() {
+    // The reload of an idle-expired value kept that value as the load's stale fallback,
+    // valid for ever (no TTL): readers got it again as a hit while the load ran.
+    let clock = ManualClock::new();
+    let c: Cache<u64, u64> = Cache::builder()
+        .max_capacity(10)
+        .time_to_idle(Duration::from_secs(1))
+        .max_stale(Duration::from_millis(500))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    c.insert(1, 10);
+    // Idle for about a second past its idle time: more than max_stale.
+    clock.advance(Duration::from_secs(2));
+    let (release, leader) = common::held_load(&c, 1, 20);
+    assert_eq!(
+        c.get(&1),
+        None,
+        "the idle value served while its reload ran"
+    );
+    let waited = c.get_or_load_timeout(&1, Duration::from_millis(10), |_| Ok::<_, ()>(30));
+    assert!(
+        waited.is_err(),
+        "the idle value served as a fallback: {waited:?}"
+    );
+    release.send(()).unwrap();
+    assert_eq!(leader.join().unwrap(), 20);
+    assert_eq!(c.get(&1), Some(20));
+}
+
+#[test]
+fn an_idle_time_never_ends_early() {
+    // A write late in a deadline unit must still live its whole idle time.
+    let clock = ManualClock::new();
+    let c: Cache<u64, u64> = Cache::builder()
+        .max_capacity(10)
+        .time_to_idle(UNIT * 4)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    clock.advance(UNIT - Duration::from_nanos(1));
+    c.insert(1, 1);
+    clock.advance(UNIT * 4 - Duration::from_nanos(1));
+    assert_eq!(c.get(&1), Some(1), "expired before its idle time");
 }
 
 #[test]

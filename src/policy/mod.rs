@@ -22,7 +22,7 @@ pub(crate) use window::{Requests, Served};
 
 use crossbeam_utils::CachePadded;
 
-use crate::clock::idle_unit;
+use crate::clock::{idle_unit, IDLE_SHIFT};
 use crate::sync::{AtomicU32, AtomicU8, Mutex, Ordering};
 
 /// Hits an entry counts between two looks of the policy (more are not told apart).
@@ -61,14 +61,28 @@ impl EntryState {
 
     /// A use at `now` moves the idle deadline to `units` from now. Test before set: the
     /// deadline moves once per idle unit, so a hot entry's line is written about 60 times a
-    /// second at most, not per hit. A use that raced a later one and would move it back is
-    /// dropped. Relaxed: a hint, like the hits.
+    /// second at most, not per hit. Only forward, from what this use read: two racing uses
+    /// may still leave the earlier of their deadlines (one unit apart at most). Relaxed: a
+    /// hint, like the hits.
     #[inline]
     pub(crate) fn used(&self, now: u64, units: u32) {
         let next = idle_deadline(now, units);
         let current = self.idle_until.load(Ordering::Relaxed);
         if (next.wrapping_sub(current) as i32) > 0 {
             self.idle_until.store(next, Ordering::Relaxed);
+        }
+    }
+
+    /// The idle deadline in nanoseconds, as seen at `now` (`u64::MAX` without one): the
+    /// 32-bit deadline is placed within 2^31 units of `now`.
+    pub(crate) fn idle_deadline_nanos(&self, now: u64) -> u64 {
+        match self.idle_until.load(Ordering::Relaxed) {
+            0 => u64::MAX,
+            until => {
+                let ahead = i64::from(until.wrapping_sub(idle_unit(now)) as i32);
+                let units = (now >> IDLE_SHIFT).saturating_add_signed(ahead);
+                units.saturating_mul(1 << IDLE_SHIFT)
+            }
         }
     }
 
@@ -98,7 +112,9 @@ impl EntryState {
 /// The idle deadline of a use at `now` (nanoseconds): `units` idle units later, never 0
 /// (which means "none").
 fn idle_deadline(now: u64, units: u32) -> u32 {
-    match idle_unit(now).wrapping_add(units) {
+    // One more unit: `now` is rounded down to its unit, and the deadline must be at least
+    // `units` whole units after `now` itself, never before.
+    match idle_unit(now).wrapping_add(units).wrapping_add(1) {
         0 => 1,
         d => d,
     }
