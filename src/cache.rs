@@ -11,7 +11,7 @@ use std::time::Duration;
 use crossbeam_epoch::Owned;
 use crossbeam_utils::CachePadded;
 
-use crate::clock::{duration_to_nanos, TimeSource};
+use crate::clock::{duration_to_nanos, OnceNow, TimeSource};
 use crate::entry::{expiry_after, Entry, NEVER};
 use crate::local::{Domain, Pinned};
 use crate::pacing::Limiter;
@@ -458,18 +458,19 @@ where
         delta: u64,
         failures: u32,
     ) -> Entry<V> {
-        // Without a refresh rule: no plan, and no clock read for one.
+        // Without a refresh rule or a time to idle: no clock read; with both, one.
+        let now = OnceNow::new(&self.inner.clock);
         let refresh = self.inner.refresh.active().then(|| {
             Box::new(
                 self.inner
                     .refresh
-                    .state(self.now(), expires_at, delta, failures),
+                    .state(now.get(), expires_at, delta, failures),
             )
         });
         self.note_expiry(expires_at);
         let entry = Entry::ready(self.next_version(), pkey, value, expires_at, refresh);
         match self.inner.time_to_idle {
-            Some(units) => entry.with_idle(self.now(), units),
+            Some(units) => entry.with_idle(now.get(), units),
             None => entry,
         }
     }

@@ -34,13 +34,7 @@ where
         Q: Hash + Eq + ?Sized,
         V: Clone,
     {
-        let pinned = self.inner.domain.pin();
-        let hash = self.inner.hasher.hash_one(key);
-        self.inner
-            .table
-            .get(hash, |k| k.borrow() == key, &pinned.guard)
-            .and_then(|n| n.value.live_value(|| self.now()))
-            .cloned()
+        self.peek_in(key, &self.inner.domain.pin()).cloned()
     }
 
     /// Removes `key`'s entry and returns its value, if it held one that [`get`](Self::get)

@@ -229,11 +229,7 @@ impl Policy {
             let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
             all.extend(shard.0.ranked(n, hottest, pending));
         }
-        if hottest {
-            all.sort_unstable_by_key(|r| std::cmp::Reverse(r.score));
-        } else {
-            all.sort_unstable_by_key(|r| r.score);
-        }
+        all.sort_unstable_by_key(|r| std::cmp::Reverse(r.pref));
         all.truncate(n);
         all
     }

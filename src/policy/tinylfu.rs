@@ -50,11 +50,24 @@ const UNCHALLENGED_MIN: u64 = 2;
 /// An entry as `Core::ranked` orders it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Ranked {
-    /// Higher is valued more: the frequency estimate, the region's rank (probation 0, window
-    /// 1, protected 2) and the position in the region from its least recent entry.
-    pub(crate) score: (u64, u8, u32),
+    /// Higher is listed first (see `preference`).
+    pub(crate) pref: (u64, u8, u32),
     pub(crate) pkey: u64,
     pub(crate) hash: u64,
+}
+
+impl Ranked {
+    /// How much a listing wants an entry whose value to the policy is `score` (higher is
+    /// valued more: the frequency estimate, the region's rank, probation 0, window 1,
+    /// protected 2, and the position in the region from its least recent entry): the score
+    /// itself for the hottest, its complement (the same order reversed) for the coldest.
+    fn preference(score: (u64, u8, u32), hottest: bool) -> (u64, u8, u32) {
+        if hottest {
+            score
+        } else {
+            (!score.0, !score.1, !score.2)
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -235,8 +248,8 @@ impl Core {
         hottest: bool,
         pending: &dyn Fn(u64, u64) -> u64,
     ) -> Vec<Ranked> {
-        let mut best: BinaryHeap<Reverse<Ranked>> = BinaryHeap::new();
-        let mut worst: BinaryHeap<Ranked> = BinaryHeap::new();
+        // The `n` largest preferences: a min-heap of them, its least pushed out.
+        let mut kept: BinaryHeap<Reverse<Ranked>> = BinaryHeap::new();
         for (region, rank) in [
             (Region::Probation, 0),
             (Region::Window, 1),
@@ -246,38 +259,27 @@ impl Core {
             let (mut i, mut position) = (self.lists[region as usize].head, 0u32);
             while i != NIL && n > 0 {
                 let node = &self.nodes[i as usize];
-                let r = Ranked {
-                    score: (
-                        self.sketch.frequency(node.pkey) + pending(node.pkey, node.hash),
-                        rank,
-                        position,
-                    ),
+                let score = (
+                    self.sketch.frequency(node.pkey) + pending(node.pkey, node.hash),
+                    rank,
+                    position,
+                );
+                kept.push(Reverse(Ranked {
+                    pref: Ranked::preference(score, hottest),
                     pkey: node.pkey,
                     hash: node.hash,
-                };
-                if hottest {
-                    best.push(Reverse(r));
-                    if best.len() > n {
-                        best.pop();
-                    }
-                } else {
-                    worst.push(r);
-                    if worst.len() > n {
-                        worst.pop();
-                    }
+                }));
+                if kept.len() > n {
+                    kept.pop();
                 }
                 i = node.next;
                 position = position.saturating_add(1);
             }
         }
-        if hottest {
-            best.into_sorted_vec()
-                .into_iter()
-                .map(|Reverse(r)| r)
-                .collect()
-        } else {
-            worst.into_sorted_vec()
-        }
+        kept.into_sorted_vec()
+            .into_iter()
+            .map(|Reverse(r)| r)
+            .collect()
     }
 
     /// Entries held.
