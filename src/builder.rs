@@ -89,8 +89,7 @@ pub struct CacheBuilder<K, V, S = DefaultHashBuilder> {
     pub(crate) max_concurrent_loads: Option<usize>,
     pub(crate) load_timeout: Option<Duration>,
     pub(crate) max_stale: Option<Duration>,
-    pub(crate) refresh_spawner: Option<crate::refresh::Spawner>,
-    pub(crate) task_spawner: Option<crate::spawn::TaskSpawner>,
+    pub(crate) spawner: Option<crate::spawn::SharedSpawner>,
     pub(crate) clock: Option<Arc<dyn Clock>>,
     #[cfg(feature = "redis")]
     pub(crate) shared: Option<crate::fleet::RedisTier<K, V>>,
@@ -117,8 +116,7 @@ impl<K, V, S> fmt::Debug for CacheBuilder<K, V, S> {
             .field("max_concurrent_loads", &self.max_concurrent_loads)
             .field("load_timeout", &self.load_timeout)
             .field("max_stale", &self.max_stale)
-            .field("refresh_spawner", &self.refresh_spawner.is_some())
-            .field("task_spawner", &self.task_spawner.is_some())
+            .field("spawner", &self.spawner.is_some())
             .field("clock", &self.clock)
             .field("hooks", &self.hooks)
             .finish_non_exhaustive()
@@ -156,8 +154,7 @@ impl<K, V> CacheBuilder<K, V, DefaultHashBuilder> {
             max_concurrent_loads: None,
             load_timeout: None,
             max_stale: None,
-            refresh_spawner: None,
-            task_spawner: None,
+            spawner: None,
             clock: None,
             #[cfg(feature = "redis")]
             shared: None,
@@ -475,78 +472,29 @@ impl<K, V, S> CacheBuilder<K, V, S> {
         self
     }
 
-    /// Where early refreshes started by
-    /// [`get_or_load_background`](Cache::get_or_load_background) run, so that no reader waits
-    /// for one: the spawner receives each [`RefreshJob`](crate::RefreshJob) and runs it on
-    /// some thread (a pool, a runtime's blocking tasks, a fresh thread). `get_or_load_background`
-    /// needs one (or `tokio_spawner`): without it the call returns
-    /// [`LoadError::NoSpawner`](crate::LoadError::NoSpawner).
+    /// Where the loads that calls hand off run: the loads (and early refreshes) of
+    /// [`get_or_load_spawned`](Cache::get_or_load_spawned), as [`LoadTask`](crate::LoadTask)s
+    /// that outlive the future that started them, and the early refreshes of
+    /// [`get_or_load_background`](Cache::get_or_load_background), as
+    /// [`RefreshJob`](crate::RefreshJob)s, so that no reader waits for one. Those two calls
+    /// need a spawner: on a cache built without one they return
+    /// [`LoadError::NoSpawner`](crate::LoadError::NoSpawner) at once. The other calls never
+    /// use it.
     ///
-    /// ```
-    /// let cache: herdcache::Cache<u64, u64> = herdcache::Cache::builder()
-    ///     .max_capacity(100)
-    ///     .refresh_spawner(|job| {
-    ///         std::thread::spawn(move || job.run());
-    ///     })
-    ///     .build()?;
-    /// # Ok::<(), herdcache::BuildError>(())
-    /// ```
-    pub fn refresh_spawner(
-        mut self,
-        spawner: impl Fn(crate::RefreshJob) + Send + Sync + 'static,
-    ) -> Self {
-        self.refresh_spawner = Some(Arc::new(spawner));
-        self
-    }
-
-    /// Where loads led by [`get_or_load_spawned`](Cache::get_or_load_spawned) run: the
-    /// spawner receives each [`LoadTask`](crate::LoadTask) and must poll it to completion
-    /// (spawn it as a task of your runtime). A spawned load outlives the future that started
-    /// it, so cancelling that future cancels nobody's load, and an early refresh no longer
-    /// makes the caller that wins it wait. With the `tokio` feature,
-    /// `tokio_spawner` does this for a tokio runtime.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), herdcache::BuildError> {
-    /// let cache: herdcache::Cache<u64, u64> = herdcache::Cache::builder()
-    ///     .max_capacity(100)
-    ///     // Any executor: smol's would be `|task| smol::spawn(task).detach()`.
-    ///     .task_spawner(|task| drop(tokio::spawn(task)))
-    ///     .build()?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn task_spawner(
-        mut self,
-        spawner: impl Fn(crate::LoadTask) + Send + Sync + 'static,
-    ) -> Self {
-        self.task_spawner = Some(crate::spawn::TaskSpawner::new(spawner));
-        self
-    }
-
-    /// Runs the loads of [`get_or_load_spawned`](Cache::get_or_load_spawned) as tasks on the
-    /// runtime behind `handle` (see [`task_spawner`](Self::task_spawner)), and the early
-    /// refreshes of [`get_or_load_background`](Cache::get_or_load_background) on its
-    /// blocking threads (see [`refresh_spawner`](Self::refresh_spawner)): one setting for
-    /// both calls that hand work off.
+    /// [`ThreadSpawner`](crate::ThreadSpawner) runs each on a thread of its own;
+    /// `TokioSpawner` (feature `tokio`) on a tokio runtime; implement
+    /// [`Spawner`](crate::Spawner) for any other executor or pool.
     ///
     /// ```
     /// let runtime = tokio::runtime::Runtime::new()?;
     /// let cache: herdcache::Cache<u64, u64> = herdcache::Cache::builder()
     ///     .max_capacity(100)
-    ///     .tokio_spawner(runtime.handle().clone())
+    ///     .spawner(herdcache::TokioSpawner::new(runtime.handle().clone()))
     ///     .build()?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    #[cfg(feature = "tokio")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
-    pub fn tokio_spawner(mut self, handle: tokio::runtime::Handle) -> Self {
-        self.task_spawner = Some(crate::spawn::TaskSpawner::tokio(handle.clone()));
-        self.refresh_spawner = Some(Arc::new(move |job: crate::RefreshJob| {
-            // Detached, as a task: the job reports through the flight.
-            drop(handle.spawn_blocking(move || job.run()));
-        }));
+    pub fn spawner(mut self, spawner: impl crate::Spawner) -> Self {
+        self.spawner = Some(crate::spawn::SharedSpawner(Arc::new(spawner)));
         self
     }
 
@@ -731,8 +679,7 @@ impl<K, V, S> CacheBuilder<K, V, S> {
             max_concurrent_loads: self.max_concurrent_loads,
             load_timeout: self.load_timeout,
             max_stale: self.max_stale,
-            refresh_spawner: self.refresh_spawner,
-            task_spawner: self.task_spawner,
+            spawner: self.spawner,
             clock: self.clock,
             #[cfg(feature = "redis")]
             shared: self.shared,
@@ -913,12 +860,11 @@ where
                 soft_ttl,
                 beta,
                 stale_if_error: self.stale_if_error,
-                spawner: self.refresh_spawner.clone(),
             },
             max_concurrent_loads: self.max_concurrent_loads,
             load_timeout,
             max_stale,
-            task_spawner: self.task_spawner.clone(),
+            spawner: self.spawner.clone(),
             clock,
         })
     }

@@ -60,8 +60,8 @@ pub(crate) struct Inner<K, V, S> {
     /// How long past its expiry a value may still be served in place of a load that did
     /// not finish for the caller (nanoseconds).
     pub(crate) max_stale: u64,
-    /// Runs the loads of `get_or_load_spawned`.
-    pub(crate) task_spawner: Option<crate::spawn::TaskSpawner>,
+    /// Runs the loads of `get_or_load_spawned` and the refreshes of `get_or_load_background`.
+    pub(crate) spawner: Option<crate::spawn::SharedSpawner>,
     /// Coordinates loads across instances.
     #[cfg(feature = "redis")]
     pub(crate) shared: Option<crate::fleet::RedisTier<K, V>>,
@@ -146,7 +146,7 @@ where
                     .map(|n| Arc::new(Limiter::new(n, settings.load_timeout))),
                 load_timeout: settings.load_timeout,
                 max_stale: settings.max_stale,
-                task_spawner: settings.task_spawner,
+                spawner: settings.spawner,
                 #[cfg(feature = "redis")]
                 shared,
                 write_hot: CachePadded::new(WriteHot {

@@ -203,7 +203,7 @@ where
     }
 
     /// The value for `key`; on a miss, loads it with `loader`'s future as a task on the
-    /// cache's [`task_spawner`](crate::CacheBuilder::task_spawner), exactly once however many
+    /// cache's [`Spawner`](crate::Spawner), exactly once however many
     /// callers, futures or threads, miss together.
     ///
     /// The load is detached from the caller that starts it: that caller waits for it like
@@ -215,7 +215,7 @@ where
     /// A loader that panics gives every caller, this one included, [`LoadError::Panicked`]
     /// (the panic is the task's). If the spawner drops the task before it finishes, this call
     /// returns [`LoadError::Cancelled`], nothing is cached and the callers waiting on the load
-    /// look at the key again. A cache built without a task spawner returns
+    /// look at the key again. A cache built without a spawner returns
     /// [`LoadError::NoSpawner`] at once, hit or miss: without one the load could not outlive
     /// this call, which is what the call promises (use
     /// [`get_or_load_async`](Self::get_or_load_async) to load inline).
@@ -225,7 +225,7 @@ where
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let cache: herdcache::Cache<u32, String> = herdcache::Cache::builder()
     ///     .max_capacity(100)
-    ///     .task_spawner(|task| drop(tokio::spawn(task)))
+    ///     .spawner(herdcache::TokioSpawner::current().expect("in a runtime"))
     ///     .build()?;
     /// let v = cache
     ///     .get_or_load_spawned(&7, |k| {
@@ -250,7 +250,7 @@ where
         E: Send + Sync + 'static,
         S: Send + Sync + 'static,
     {
-        if self.inner.task_spawner.is_none() {
+        if self.inner.spawner.is_none() {
             return Err(LoadError::NoSpawner);
         }
         self.load_async(key, None::<std::future::Pending<()>>, loader, |lead, f| {
@@ -271,7 +271,7 @@ where
     /// use tokio::time::sleep;
     /// let cache: herdcache::Cache<u32, u32> = herdcache::Cache::builder()
     ///     .max_capacity(100)
-    ///     .task_spawner(|task| drop(tokio::spawn(task)))
+    ///     .spawner(herdcache::TokioSpawner::current().expect("in a runtime"))
     ///     .build()?;
     /// let slow = |_: &u32| async { sleep(Duration::from_secs(5)).await; Ok::<_, ()>(1) };
     /// let r = cache.get_or_load_spawned_until(&1, sleep(Duration::from_secs(1)), slow).await;
@@ -296,7 +296,7 @@ where
         S: Send + Sync + 'static,
         D: Future<Output = ()>,
     {
-        if self.inner.task_spawner.is_none() {
+        if self.inner.spawner.is_none() {
             return Err(LoadError::NoSpawner);
         }
         self.load_async(key, Some(deadline), loader, |lead, f| {
@@ -313,15 +313,15 @@ where
         E: Send + Sync + 'static,
         S: Send + Sync + 'static,
     {
-        let Some(spawner) = &self.inner.task_spawner else {
+        let Some(spawner) = &self.inner.spawner else {
             return Handoff::Inline(lead, loader);
         };
         // A refresh: the value it replaces is still valid, and is this caller's answer.
         let current = lead.flight.serving(|| self.now()).cloned();
         let flight = Arc::clone(&lead.flight);
-        spawner.spawn(async move {
+        spawner.spawn(crate::LoadTask::new(async move {
             let _ = Self::lead_async(lead, loader, true).await;
-        });
+        }));
         Handoff::Spawned { flight, current }
     }
 

@@ -114,13 +114,12 @@
 //! | [`get_or_load_spawned_until`](Cache::get_or_load_spawned_until) | future | as `get_or_load_spawned` | until its deadline future | a spawner |
 //! | [`warm`](Cache::warm) | thread | on up to `concurrency` threads, for a list of keys | until every key is done | |
 //!
-//! For async services behind request timeouts, `get_or_load_spawned` (with
-//! `tokio_spawner` (feature `tokio`) or a [`task_spawner`](CacheBuilder::task_spawner)):
-//! a load a timed-out caller started still finishes and is cached. "A spawner" is
-//! [`refresh_spawner`](CacheBuilder::refresh_spawner) for threads' refresh jobs,
-//! [`task_spawner`](CacheBuilder::task_spawner) for futures, or `tokio_spawner` for both; a
-//! call that needs one on a cache built without it returns [`LoadError::NoSpawner`] at once,
-//! never a silent inline load.
+//! For async services behind request timeouts, `get_or_load_spawned`: a load a timed-out
+//! caller started still finishes and is cached. "A spawner" is the one
+//! [`Spawner`] given to [`CacheBuilder::spawner`]: `TokioSpawner` (feature `tokio`),
+//! [`ThreadSpawner`], or your own for another executor; it takes both the futures' load tasks
+//! and the threads' refresh jobs. A call that needs one on a cache built without it returns
+//! [`LoadError::NoSpawner`] at once, never a silent inline load.
 //!
 //! # Refreshing before expiry
 //!
@@ -141,7 +140,7 @@
 //!
 //! With `get_or_load`, the refresh runs inline in the caller that wins it (that caller waits
 //! for the load; nobody else does). With [`Cache::get_or_load_background`] and a
-//! [`refresh_spawner`](CacheBuilder::refresh_spawner), it runs as a [`RefreshJob`] on the
+//! [`spawner`](CacheBuilder::spawner), it runs as a [`RefreshJob`] on the
 //! spawner and even the winning caller returns the current value at once. If the hard expiry
 //! arrives while a refresh runs, readers wait for that refresh rather than starting a second
 //! load. A refresh whose loader panics, or whose job is dropped unrun, keeps the current value
@@ -159,7 +158,7 @@
 //! use std::time::Duration;
 //! let cache: herdcache::Cache<u32, String> = herdcache::Cache::builder()
 //!     .max_capacity(1_000)
-//!     .task_spawner(|task| drop(tokio::spawn(task))) // or .tokio_spawner(handle), feature `tokio`
+//!     .spawner(herdcache::TokioSpawner::current().expect("in a runtime")) // feature `tokio`
 //!     .build()?;
 //! async fn fetch(id: u32) -> Result<String, std::io::Error> {
 //!     Ok(format!("user {id}"))
@@ -186,7 +185,7 @@
 //!   caller waiting on it looks at the key again, so one of them starts it afresh. With no
 //!   caller left, nothing runs until the next read.
 //! - A load started by [`get_or_load_spawned`](Cache::get_or_load_spawned) on the cache's
-//!   [`task_spawner`](CacheBuilder::task_spawner) belongs to its task: no caller's drop
+//!   [`spawner`](CacheBuilder::spawner) belongs to its task: no caller's drop
 //!   cancels it, and it is cached even if every caller left. An early refresh it wins runs
 //!   there too, and the caller returns the current value at once.
 //! - A panic in a loader future gives every waiter [`LoadError::Panicked`], as in the sync
@@ -367,7 +366,10 @@ pub use error::BuildError;
 pub use load::LoadError;
 pub use refresh::RefreshJob;
 pub use removal::RemovalCause;
-pub use spawn::LoadTask;
+#[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+pub use spawn::TokioSpawner;
+pub use spawn::{LoadTask, Spawner, ThreadSpawner};
 pub use stats::Stats;
 pub use warm::{WarmProgress, WarmReport, MAX_WARM_CONCURRENCY};
 

@@ -68,16 +68,14 @@ pub enum LoadError<E> {
     /// would never end.
     Recursive,
     /// The load this call handed to the cache's
-    /// [`task_spawner`](crate::CacheBuilder::task_spawner) was dropped before it finished
+    /// [`spawner`](crate::CacheBuilder::spawner) was dropped before it finished
     /// (the runtime shut down, or the spawner dropped the task). Nothing was cached; the next
     /// call loads afresh.
     Cancelled,
-    /// The call runs its loads on a spawner and the cache was built without one:
-    /// [`get_or_load_background`](crate::Cache::get_or_load_background) needs a
-    /// [`refresh_spawner`](crate::CacheBuilder::refresh_spawner), and
-    /// [`get_or_load_spawned`](crate::Cache::get_or_load_spawned) a
-    /// [`task_spawner`](crate::CacheBuilder::task_spawner); `tokio_spawner` (feature
-    /// `tokio`) gives both. Returned at once, before any lookup, so that the mistake shows
+    /// The call hands its loads to a spawner and the cache was built without one
+    /// ([`get_or_load_background`](crate::Cache::get_or_load_background) and
+    /// [`get_or_load_spawned`](crate::Cache::get_or_load_spawned) need a
+    /// [`spawner`](crate::CacheBuilder::spawner)). Returned at once, before any lookup, so that the mistake shows
     /// on the first call rather than as callers that wait or loads that vanish.
     NoSpawner,
 }
@@ -106,7 +104,7 @@ impl<E: fmt::Display> fmt::Display for LoadError<E> {
             LoadError::Recursive => f.write_str("loader re-entered the cache for its own key"),
             LoadError::Cancelled => f.write_str("the spawned load was dropped before it finished"),
             LoadError::NoSpawner => f.write_str(
-                "this call runs loads on a spawner and the cache has none (see CacheBuilder::refresh_spawner, task_spawner, tokio_spawner)",
+                "this call runs loads on a spawner and the cache has none (see CacheBuilder::spawner)",
             ),
         }
     }
@@ -237,8 +235,8 @@ where
     }
 
     /// Like [`get_or_load`](Self::get_or_load), but an early refresh this call wins runs on the
-    /// cache's [`refresh_spawner`](crate::CacheBuilder::refresh_spawner) (or
-    /// `tokio_spawner`) and this call returns the current value at once, so no reader waits
+    /// cache's [`spawner`](crate::CacheBuilder::spawner) (as a
+    /// [`RefreshJob`](crate::RefreshJob), on a thread that may block) and this call returns the current value at once, so no reader waits
     /// for a refresh. Loads of missing or expired keys still run inline (the caller has
     /// nothing to return meanwhile). A cache built without a spawner returns
     /// [`LoadError::NoSpawner`] at once: the call would otherwise make its caller wait for
@@ -249,20 +247,29 @@ where
     /// ```
     /// use std::sync::{Arc, Mutex};
     /// use std::time::Duration;
-    /// let jobs = Arc::new(Mutex::new(Vec::new()));
-    /// let queue = Arc::clone(&jobs);
+    /// use herdcache::{LoadTask, RefreshJob, Spawner};
+    ///
+    /// /// Queues refresh jobs for a pool of threads (here, the example runs them).
+    /// #[derive(Clone, Default)]
+    /// struct Pool(Arc<Mutex<Vec<RefreshJob>>>);
+    /// impl Spawner for Pool {
+    ///     fn spawn(&self, task: LoadTask) { drop(task) } // no futures in this service
+    ///     fn spawn_blocking(&self, job: RefreshJob) { self.0.lock().unwrap().push(job) }
+    /// }
+    ///
+    /// let pool = Pool::default();
     /// let clock = herdcache::ManualClock::new();
     /// let cache: herdcache::Cache<u32, u32> = herdcache::Cache::builder()
     ///     .max_capacity(100)
     ///     .refresh_after(Duration::from_secs(10))
     ///     .clock(clock.clone())
-    ///     .refresh_spawner(move |job| queue.lock().unwrap().push(job))
+    ///     .spawner(pool.clone())
     ///     .build()?;
     /// cache.insert(1, 1);
     /// clock.advance(Duration::from_secs(11));
     /// // Due for a refresh: handed to the spawner, and this call returns the current value.
     /// assert_eq!(cache.get_or_load_background(&1, |_| Ok::<_, ()>(2)), Ok(1));
-    /// jobs.lock().unwrap().pop().unwrap().run(); // the spawner's thread runs it
+    /// pool.0.lock().unwrap().pop().unwrap().run(); // the pool's thread runs it
     /// assert_eq!(cache.get(&1), Some(2));
     /// # Ok::<(), herdcache::BuildError>(())
     /// ```
@@ -274,7 +281,7 @@ where
         E: Send + Sync + 'static,
         S: Send + Sync + 'static,
     {
-        if self.inner.refresh.spawner.is_none() {
+        if self.inner.spawner.is_none() {
             return Err(LoadError::NoSpawner);
         }
         let lead = match self.begin(key, None) {
@@ -282,12 +289,12 @@ where
             Begin::Lead(lead) => lead,
         };
         let current = lead.flight.serving(|| self.now()).cloned();
-        match (&self.inner.refresh.spawner, current) {
+        match (&self.inner.spawner, current) {
             (Some(spawn), Some(current)) => {
                 // No thread runs the loader until the job starts: a read of this key on our
                 // thread meanwhile must wait for it, not be taken for re-entry.
                 lead.flight.clear_leader();
-                spawn(crate::RefreshJob::new(move || {
+                spawn.spawn_blocking(crate::RefreshJob::new(move || {
                     let _ = Self::run_lead(lead, loader, true);
                 }));
                 Ok(current)

@@ -13,7 +13,6 @@
 //! a hit pays one comparison; after it, XFetch draws from a per-thread RNG.
 
 use std::fmt;
-use std::sync::Arc;
 
 use crate::clock::NEVER;
 use crate::sync::{AtomicBool, Ordering};
@@ -32,21 +31,30 @@ const BACKOFF_BASE_NANOS: u64 = 100_000_000;
 /// Longest backoff.
 const BACKOFF_MAX_NANOS: u64 = 30_000_000_000;
 
-/// An early refresh handed to the cache's
-/// [`refresh_spawner`](crate::CacheBuilder::refresh_spawner): run it (on any thread) to load
-/// and publish the new value.
+/// An early refresh that [`get_or_load_background`](crate::Cache::get_or_load_background)
+/// hands to the cache's [`Spawner`](crate::Spawner): run it (on a thread that may block) to
+/// load and publish the new value.
 ///
 /// Dropping a job without running it is safe: the refresh counts as failed, the current value
 /// stays in place until its hard expiry, and a later read retries after a backoff.
 ///
 /// ```
 /// use std::time::Duration;
+/// use herdcache::{LoadTask, RefreshJob, Spawner};
+///
+/// /// Overloaded: sheds every handed-off load.
+/// struct Shed;
+/// impl Spawner for Shed {
+///     fn spawn(&self, task: LoadTask) { drop(task) }
+///     fn spawn_blocking(&self, job: RefreshJob) { drop(job) }
+/// }
+///
 /// let clock = herdcache::ManualClock::new();
 /// let cache: herdcache::Cache<u32, u32> = herdcache::Cache::builder()
 ///     .max_capacity(100)
 ///     .refresh_after(Duration::from_secs(10))
 ///     .clock(clock.clone())
-///     .refresh_spawner(|job: herdcache::RefreshJob| drop(job)) // overloaded: shed refreshes
+///     .spawner(Shed)
 ///     .build()?;
 /// cache.insert(1, 1);
 /// clock.advance(Duration::from_secs(11));
@@ -67,12 +75,22 @@ impl RefreshJob {
     ///
     /// ```
     /// use std::time::Duration;
+    /// use herdcache::{LoadTask, RefreshJob, Spawner};
+    ///
+    /// /// Runs each job on the thread that hands it over: for the example only, a real
+    /// /// spawner uses another thread.
+    /// struct Inline;
+    /// impl Spawner for Inline {
+    ///     fn spawn(&self, task: LoadTask) { drop(task) }
+    ///     fn spawn_blocking(&self, job: RefreshJob) { job.run() }
+    /// }
+    ///
     /// let clock = herdcache::ManualClock::new();
     /// let cache: herdcache::Cache<u32, u32> = herdcache::Cache::builder()
     ///     .max_capacity(100)
     ///     .refresh_after(Duration::from_secs(10))
     ///     .clock(clock.clone())
-    ///     .refresh_spawner(|job| job.run()) // inline, for the example: use another thread
+    ///     .spawner(Inline)
     ///     .build()?;
     /// cache.insert(1, 1);
     /// clock.advance(Duration::from_secs(11));
@@ -91,9 +109,6 @@ impl fmt::Debug for RefreshJob {
     }
 }
 
-/// Where refresh jobs go.
-pub(crate) type Spawner = Arc<dyn Fn(RefreshJob) + Send + Sync>;
-
 /// The cache's refresh settings.
 #[derive(Clone, Default)]
 pub(crate) struct RefreshSettings {
@@ -103,8 +118,6 @@ pub(crate) struct RefreshSettings {
     pub(crate) beta: Option<f64>,
     /// Keep serving the old value (until its hard expiry) when a refresh fails.
     pub(crate) stale_if_error: bool,
-    /// Runs refreshes started by `get_or_load_background`.
-    pub(crate) spawner: Option<Spawner>,
 }
 
 impl fmt::Debug for RefreshSettings {
@@ -113,7 +126,6 @@ impl fmt::Debug for RefreshSettings {
             .field("soft_ttl", &self.soft_ttl)
             .field("beta", &self.beta)
             .field("stale_if_error", &self.stale_if_error)
-            .field("spawner", &self.spawner.is_some())
             .finish()
     }
 }

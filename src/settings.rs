@@ -20,6 +20,7 @@ pub(crate) struct Settings {
     pub(crate) load_timeout: Option<Duration>,
     /// Nanoseconds.
     pub(crate) max_stale: u64,
-    pub(crate) task_spawner: Option<crate::spawn::TaskSpawner>,
+    /// Runs the loads and refreshes that calls hand off.
+    pub(crate) spawner: Option<crate::spawn::SharedSpawner>,
     pub(crate) clock: TimeSource,
 }

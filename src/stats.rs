@@ -184,8 +184,8 @@ pub struct Stats {
     pub shared_conflicts: u64,
     /// Loads led by a future outside a tokio runtime (feature `redis`): the shared tier's
     /// client needs one, so they loaded locally, without the fleet's lock or its value (the
-    /// first is also logged, once per tier). Drive such loads with `get_or_load_spawned` and
-    /// `tokio_spawner`, or call from a tokio task, to keep them in the fleet's single flight.
+    /// first is also logged, once per tier). Drive such loads with `get_or_load_spawned` and a
+    /// `TokioSpawner`, or call from a tokio task, to keep them in the fleet's single flight.
     pub shared_skipped: u64,
     /// Loads running now (a gauge): started and not yet ended, including loads detached past
     /// their `load_timeout` whose loader has not returned.

@@ -340,7 +340,7 @@ async fn a_spawned_loader_is_cancelled_at_its_deadline() {
     let c: C = Cache::builder()
         .max_capacity(100)
         .load_timeout(LOAD_TIMEOUT)
-        .task_spawner(|task| drop(tokio::spawn(task)))
+        .spawner(herdcache::TokioSpawner::current().unwrap())
         .build()
         .unwrap();
     let dropped = Arc::new(AtomicBool::new(false));
@@ -374,15 +374,15 @@ async fn a_spawned_loader_is_cancelled_at_its_deadline() {
 #[test]
 fn a_refresh_job_run_after_its_deadline_does_not_load() {
     let clock = ManualClock::new();
-    let jobs: Arc<std::sync::Mutex<Vec<herdcache::RefreshJob>>> = Arc::default();
-    let queue = Arc::clone(&jobs);
+    let spawner = common::Queued::default();
+    let jobs = Arc::clone(&spawner.0);
     let c: C = Cache::builder()
         .max_capacity(100)
         .time_to_live(Duration::from_secs(60))
         .refresh_after(Duration::from_secs(10))
         .load_timeout(LOAD_TIMEOUT)
         .clock(clock.clone())
-        .refresh_spawner(move |job| queue.lock().unwrap().push(job))
+        .spawner(spawner)
         .build()
         .unwrap();
     c.insert(1, 1);

@@ -205,26 +205,17 @@ fn an_insert_during_a_refresh_wins() {
     assert_eq!(c.get(&1), Some(7));
 }
 
-/// A spawner that queues jobs for the test to run (or drop) when it likes.
-fn queued() -> (
-    std::sync::Arc<std::sync::Mutex<Vec<herdcache::RefreshJob>>>,
-    impl Fn(herdcache::RefreshJob) + Send + Sync + 'static,
-) {
-    let jobs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let sink = std::sync::Arc::clone(&jobs);
-    (jobs, move |job| sink.lock().unwrap().push(job))
-}
-
 fn spawning_cache(
     clock: &ManualClock,
 ) -> (
     C,
     std::sync::Arc<std::sync::Mutex<Vec<herdcache::RefreshJob>>>,
 ) {
-    let (jobs, spawner) = queued();
+    let spawner = common::Queued::default();
+    let jobs = std::sync::Arc::clone(&spawner.0);
     let c = builder(clock)
         .refresh_after(10 * SEC)
-        .refresh_spawner(spawner)
+        .spawner(spawner)
         .build()
         .unwrap();
     c.get_or_load_background(&1, |_| Ok::<_, String>(1))
@@ -316,7 +307,7 @@ fn the_spawning_thread_waits_for_its_pending_refresh_past_the_hard_expiry() {
 }
 
 #[test]
-fn without_a_refresh_spawner_a_background_load_is_an_error_not_an_inline_refresh() {
+fn without_a_spawner_a_background_load_is_an_error_not_an_inline_refresh() {
     let clock = ManualClock::new();
     let c: C = builder(&clock).refresh_after(10 * SEC).build().unwrap();
     c.insert(1, 1);
@@ -328,7 +319,7 @@ fn without_a_refresh_spawner_a_background_load_is_an_error_not_an_inline_refresh
     assert_eq!(c.stats().loads, 0, "no refresh ran, inline or not");
 }
 
-/// With only `tokio_spawner`, a refresh won by `get_or_load_background` runs on the runtime's
+/// With a `TokioSpawner`, a refresh won by `get_or_load_background` runs on the runtime's
 /// blocking threads: the caller gets the current value while the loader is still held.
 #[test]
 fn a_tokio_spawner_runs_background_refreshes_off_the_callers_thread() {
@@ -339,7 +330,7 @@ fn a_tokio_spawner_runs_background_refreshes_off_the_callers_thread() {
     let clock = ManualClock::new();
     let c: C = builder(&clock)
         .refresh_after(10 * SEC)
-        .tokio_spawner(runtime.handle().clone())
+        .spawner(herdcache::TokioSpawner::new(runtime.handle().clone()))
         .build()
         .unwrap();
     c.insert(1, 1);

@@ -1,4 +1,4 @@
-//! Loads run as detached tasks on the cache's task spawner: they outlive the futures that
+//! Loads run as detached tasks on the cache's spawner: they outlive the futures that
 //! start them, refreshes never make a reader wait, and a spawner that drops a task strands
 //! nobody.
 
@@ -15,7 +15,7 @@ use common::tasks::{gated_load, until, Via};
 fn spawning_cache() -> Cache<u32, u64> {
     Cache::builder()
         .max_capacity(10)
-        .task_spawner(|task| drop(tokio::spawn(task)))
+        .spawner(herdcache::TokioSpawner::current().unwrap())
         .build()
         .unwrap()
 }
@@ -91,7 +91,7 @@ async fn a_refresh_won_by_a_spawned_call_runs_on_the_spawner() {
         .time_to_live(Duration::from_secs(10))
         .refresh_after(Duration::from_secs(1))
         .clock(clock.clone())
-        .task_spawner(|task| drop(tokio::spawn(task)))
+        .spawner(herdcache::TokioSpawner::current().unwrap())
         .build()
         .unwrap();
     cache.insert(1, 10);
@@ -159,7 +159,7 @@ async fn a_panicking_spawned_loader_gives_its_caller_panicked() {
 async fn a_spawner_that_drops_its_tasks_cancels_the_load_and_strands_nobody() {
     let cache: Cache<u32, u64> = Cache::builder()
         .max_capacity(10)
-        .task_spawner(drop)
+        .spawner(common::DropAll)
         .build()
         .unwrap();
     let v = cache
@@ -184,7 +184,7 @@ fn a_runtime_shut_down_mid_load_hands_the_load_to_a_waiting_thread() {
         .unwrap();
     let cache: Cache<u32, u64> = Cache::builder()
         .max_capacity(10)
-        .tokio_spawner(runtime.handle().clone())
+        .spawner(herdcache::TokioSpawner::new(runtime.handle().clone()))
         .build()
         .unwrap();
     // A call from outside the runtime whose load never finishes on it.
@@ -212,7 +212,7 @@ fn a_runtime_shut_down_mid_load_hands_the_load_to_a_waiting_thread() {
 }
 
 #[tokio::test]
-async fn without_a_task_spawner_a_spawned_load_is_an_error_not_a_silent_inline_load() {
+async fn without_a_spawner_a_spawned_load_is_an_error_not_a_silent_inline_load() {
     // Before, the load ran inline: a caller that timed out cancelled it, and nothing was
     // cached. Now the call says at once what is missing, hit or miss.
     let cache: Cache<u32, u64> = Cache::builder().max_capacity(10).build().unwrap();
@@ -232,4 +232,71 @@ async fn without_a_task_spawner_a_spawned_load_is_an_error_not_a_silent_inline_l
     assert_eq!(r, Err(LoadError::NoSpawner));
     assert_eq!(loads.load(Ordering::SeqCst), 0);
     assert!(r.unwrap_err().to_string().contains("spawner"));
+}
+
+/// One spawner serves both calls that hand work off. Before, a cache given only a tokio
+/// spawner's task half refreshed `get_or_load_background` inline, and one given only a
+/// refresh spawner failed `get_or_load_spawned`.
+#[test]
+fn one_spawner_runs_both_spawned_loads_and_background_refreshes_without_a_runtime() {
+    let clock = ManualClock::new();
+    let cache: Cache<u32, u64> = Cache::builder()
+        .max_capacity(10)
+        .time_to_live(Duration::from_secs(60))
+        .refresh_after(Duration::from_secs(10))
+        .clock(clock.clone())
+        .spawner(herdcache::ThreadSpawner)
+        .build()
+        .unwrap();
+    // A future's load, run on a thread of its own: no runtime anywhere.
+    let (release, gate) = std::sync::mpsc::channel::<()>();
+    let waiter = {
+        let cache = cache.clone();
+        std::thread::spawn(move || {
+            futures_block_on(cache.get_or_load_spawned(&1, move |_| {
+                let _ = gate.recv();
+                async { Ok::<_, ()>(1) }
+            }))
+        })
+    };
+    common::spin_until("the spawned load started", || {
+        cache.stats().loads_in_flight == 1
+    });
+    release.send(()).unwrap();
+    assert_eq!(waiter.join().unwrap(), Ok(1));
+    // A thread's early refresh, on another thread: the reader gets the current value while
+    // the refresh's loader is held.
+    clock.advance(Duration::from_secs(11));
+    let (release, gate) = std::sync::mpsc::channel::<()>();
+    let r = cache.get_or_load_background(&1, move |_| {
+        let _ = gate.recv();
+        Ok::<_, ()>(2)
+    });
+    assert_eq!(r, Ok(1), "the current value, at once");
+    release.send(()).unwrap();
+    common::spin_until("the refresh landed", || cache.get(&1) == Some(2));
+}
+
+/// Polls a future on this thread until it is ready, parking between polls.
+fn futures_block_on<F: std::future::Future>(f: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the future did not finish within 30 s"
+        );
+        std::thread::park_timeout(Duration::from_millis(100));
+    }
 }

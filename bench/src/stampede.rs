@@ -234,9 +234,9 @@ fn herdcache_for(config: Config, s: &Settings) -> herdcache::Cache<u64, u64, Has
         Config::XFetch(beta) => b = b.xfetch(beta),
         Config::SoftTtl => b = b.refresh_after(s.ttl.mul_f64(0.8)),
         Config::SoftTtlSpawned => {
-            b = b.refresh_after(s.ttl.mul_f64(0.8)).refresh_spawner(|job| {
-                std::thread::spawn(move || job.run());
-            })
+            b = b
+                .refresh_after(s.ttl.mul_f64(0.8))
+                .spawner(herdcache::ThreadSpawner)
         }
         _ => {}
     }

@@ -174,7 +174,9 @@ async fn run(mode: Mode, a: Args) -> Report {
     let mut b = Cache::builder()
         .max_capacity(1_000)
         .time_to_live(a.ttl)
-        .tokio_spawner(tokio::runtime::Handle::current());
+        .spawner(herdcache::TokioSpawner::new(
+            tokio::runtime::Handle::current(),
+        ));
     if mode == Mode::SpawnedSoftTtl {
         b = b.refresh_after(a.ttl.mul_f64(0.8));
     }

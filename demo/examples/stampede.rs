@@ -118,9 +118,9 @@ fn run(mode: Mode, a: Args) -> Report {
         Mode::XFetch(beta) => b = b.xfetch(beta),
         Mode::SoftTtl => b = b.refresh_after(a.ttl.mul_f64(0.8)),
         Mode::SoftTtlSpawned => {
-            b = b.refresh_after(a.ttl.mul_f64(0.8)).refresh_spawner(|job| {
-                std::thread::spawn(move || job.run());
-            })
+            b = b
+                .refresh_after(a.ttl.mul_f64(0.8))
+                .spawner(herdcache::ThreadSpawner)
         }
         _ => {}
     }

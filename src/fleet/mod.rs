@@ -20,10 +20,8 @@ use crate::trace::trace_event;
 use std::fmt;
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
-use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 #[cfg(feature = "serde")]
@@ -727,7 +725,7 @@ impl<K, V: 'static> RedisTier<K, V> {
             protocol::coordinate(&self.sync, &hooks, self.plan(&names, &load_plan), async {
                 load()
             });
-        self.finish(block_on(coordinated), seen, count)
+        self.finish(crate::spawn::block_on(coordinated), seen, count)
     }
 
     /// A future's coordinated load: `load` is awaited at most once.
@@ -756,26 +754,6 @@ impl<K, V: 'static> RedisTier<K, V> {
         let plan = self.plan(&names, &load_plan);
         let out = protocol::coordinate(&self.async_, &hooks, plan, load).await;
         self.finish(out, seen, count)
-    }
-}
-
-/// Runs a future on this thread, parking between polls. The sync store's operations and a
-/// sync loader never return `Pending`, so in practice this polls once.
-pub(crate) fn block_on<F: Future>(f: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let mut f = pin!(f);
-    loop {
-        match f.as_mut().poll(&mut cx) {
-            Poll::Ready(v) => return v,
-            Poll::Pending => std::thread::park(),
-        }
     }
 }
 

@@ -578,7 +578,7 @@ pub(crate) mod tests {
     }
 
     fn run<V>(f: impl Future<Output = V>) -> V {
-        crate::fleet::block_on(f)
+        crate::spawn::block_on(f)
     }
 
     fn loaded<V: std::fmt::Debug, E: std::fmt::Debug>(o: Outcome<V, E>) -> Result<V, E> {

@@ -81,3 +81,31 @@ pub fn spin_until(what: &str, cond: impl Fn() -> bool) {
         thread::yield_now();
     }
 }
+
+/// A spawner that queues refresh jobs for the test to run (or drop) when it likes, and drops
+/// load tasks (the tests that use it hand off no futures).
+#[derive(Clone, Default)]
+pub struct Queued(pub Arc<std::sync::Mutex<Vec<herdcache::RefreshJob>>>);
+
+impl herdcache::Spawner for Queued {
+    fn spawn(&self, task: herdcache::LoadTask) {
+        drop(task);
+    }
+
+    fn spawn_blocking(&self, job: herdcache::RefreshJob) {
+        self.0.lock().unwrap().push(job);
+    }
+}
+
+/// A spawner that drops everything handed to it, as an overloaded or shut-down one would.
+pub struct DropAll;
+
+impl herdcache::Spawner for DropAll {
+    fn spawn(&self, task: herdcache::LoadTask) {
+        drop(task);
+    }
+
+    fn spawn_blocking(&self, job: herdcache::RefreshJob) {
+        drop(job);
+    }
+}
