@@ -28,6 +28,16 @@ pub trait BenchCache: Send + Sync + Sized + 'static {
     /// Finishes any deferred maintenance (moka applies writes to its policy in batches), so
     /// that a timed run after preloading does not pay for the preload.
     fn settle(&self) {}
+    /// The value for `key`, computed with `load` and inserted on a miss, through the cache's
+    /// own loading call where it has one (else `get`, then `insert`).
+    #[inline]
+    fn get_or_load(&self, key: u64, load: fn(u64) -> u64) -> u64 {
+        self.get(key).unwrap_or_else(|| {
+            let v = load(key);
+            self.insert(key, v);
+            v
+        })
+    }
     /// Reads every key of `keys`, returning how many were found. Adapters whose cache offers a
     /// cheaper batched read (one epoch pin for the batch) override this.
     #[inline]
@@ -86,6 +96,10 @@ impl<const PIN_BATCH: bool> BenchCache for HerdcacheReads<PIN_BATCH> {
     #[inline]
     fn insert(&self, key: u64, value: u64) {
         self.0.insert(key, value)
+    }
+    #[inline]
+    fn get_or_load(&self, key: u64, load: fn(u64) -> u64) -> u64 {
+        self.0.get_with(&key, |k| load(*k))
     }
     #[inline]
     fn read_batch(&self, keys: &[u64]) -> u64 {
@@ -183,6 +197,12 @@ impl BenchCache for QuickCache {
     #[inline]
     fn insert(&self, key: u64, value: u64) {
         self.0.insert(key, value)
+    }
+    #[inline]
+    fn get_or_load(&self, key: u64, load: fn(u64) -> u64) -> u64 {
+        self.0
+            .get_or_insert_with(&key, || Ok::<_, std::convert::Infallible>(load(key)))
+            .unwrap_or_else(|never| match never {})
     }
 }
 

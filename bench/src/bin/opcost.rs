@@ -5,7 +5,8 @@
 //! Run: `valgrind --tool=cachegrind --cache-sim=yes target/release/opcost --op insert
 //! --ops 200000`, then again with `--ops 400000`. Operations: `insert` (keys never seen,
 //! on a full cache of `--capacity` entries: each evicts), `get` (uniform hits over the
-//! capacity's keys, one `get` each), `cache-aside` (`get`, and `insert` on a miss, Zipf(1.0)
+//! capacity's keys, one `get` each), `get-or-load` (the same hits through the cache's loading
+//! call: `get_with`, quick_cache's `get_or_insert_with`), `cache-aside` (`get`, and `insert` on a miss, Zipf(1.0)
 //! over 10x the capacity). Caches: `herdcache` (default), `herdcache (TTL)` (an hour's time to live: writes
 //! compute an expiry and sweep), `quick_cache`, `Mutex<LruCache>`.
 
@@ -15,7 +16,8 @@ use herdcache_bench::args::{exit_usage, Flags};
 use herdcache_bench::caches::{BenchCache, Herdcache, HerdcacheTtl, MutexLru, QuickCache};
 use herdcache_bench::workload::{keys, Distribution};
 
-const USAGE: &str = "opcost --op insert|get|cache-aside [--ops N] [--capacity N] [--cache NAME]";
+const USAGE: &str =
+    "opcost --op insert|get|get-or-load|cache-aside [--ops N] [--capacity N] [--cache NAME]";
 
 fn run<C: BenchCache>(op: &str, ops: usize, capacity: u64) {
     let cache = C::with_capacity(capacity as usize);
@@ -25,7 +27,7 @@ fn run<C: BenchCache>(op: &str, ops: usize, capacity: u64) {
     cache.settle();
     // Generated before the operations, in both runs of a pair alike.
     let seq = match op {
-        "get" => keys(Distribution::Uniform, capacity, ops, 1),
+        "get" | "get-or-load" => keys(Distribution::Uniform, capacity, ops, 1),
         "cache-aside" => keys(Distribution::Zipf(1.0), capacity * 10, ops, 1),
         _ => Vec::new(),
     };
@@ -39,6 +41,11 @@ fn run<C: BenchCache>(op: &str, ops: usize, capacity: u64) {
         "get" => {
             for &k in &seq {
                 found += u64::from(cache.get(k).is_some());
+            }
+        }
+        "get-or-load" => {
+            for &k in &seq {
+                found += cache.get_or_load(k, |k| k);
             }
         }
         _ => {
@@ -58,7 +65,7 @@ fn main() {
     let flags = Flags::parse(&["--op", "--ops", "--capacity", "--cache"], &[])
         .unwrap_or_else(|e| exit_usage(&e, USAGE));
     let op = flags.raw("--op").pop().unwrap_or_else(|| "insert".into());
-    if !["insert", "get", "cache-aside"].contains(&op.as_str()) {
+    if !["insert", "get", "get-or-load", "cache-aside"].contains(&op.as_str()) {
         exit_usage(&format!("unknown operation {op:?}"), USAGE);
     }
     let ops: usize = flags
