@@ -1,10 +1,7 @@
-//! The miss path for futures: the same single flight as the threads' path, with wakers
-//! instead of parked threads.
-//!
-//! A future takes the same steps as a thread ([`Cache::step`]): it reads the key, and either
-//! has its answer, leads the load, waits on another caller's flight (registered with its
-//! waker, see `flight.rs`), or waits for a load permit. Threads and futures meet on one
-//! flight per key, so sync and async callers of a key share one load.
+//! The miss path for futures: the same driver as the threads' (`miss.rs`), with waits that
+//! yield to the executor (a waker registered on the flight, see `flight.rs`, or in the
+//! limiter's queue) instead of parking a thread. Threads and futures meet on one flight per
+//! key, so sync and async callers of a key share one load.
 //!
 //! # Cancellation
 //! Dropping a waiting future deregisters it; the load goes on for the others. A load led
@@ -29,11 +26,11 @@ use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use crate::cache::Cache;
 use crate::flight::{Flight, FlightResult, Subscription};
-use crate::load::{Joined, Lead, LoadError, Step};
+use crate::load::{Joined, Lead, LoadError};
+use crate::miss::{Begin, Waits};
 use crate::pacing::{Limiter, Permit, Queued};
 use crate::stats::Counter;
 use crate::timer::{OrDeadline, Sleep};
@@ -401,7 +398,7 @@ where
         key: &Q,
         deadline: Option<D>,
         loader: F,
-        hand_off: impl Fn(Lead<K, V, S>, F) -> Handoff<K, V, S, F>,
+        hand_off: impl FnOnce(Lead<K, V, S>, F) -> Handoff<K, V, S, F>,
     ) -> Result<V, LoadError<E>>
     where
         K: Borrow<Q>,
@@ -412,78 +409,68 @@ where
         D: Future<Output = ()>,
     {
         let hash = self.inner.hasher.hash_one(key);
-        let mut deadline = pin!(deadline);
-        let mut loader = Some(loader);
-        let mut held = None;
-        loop {
-            let (flight, ours) = match self.step::<Q, E>(key, hash, &mut held) {
-                Step::Done(r) => return r,
-                Step::Lead(lead) => {
-                    // The loader is gone only once it was handed to a task that then was
-                    // dropped, and that ends the call below: this is not reached then.
-                    let Some(f) = loader.take() else {
-                        return Err(LoadError::Cancelled);
-                    };
-                    match hand_off(lead, f) {
-                        Handoff::Inline(lead, f) => return Self::lead_async(lead, f, false).await,
-                        Handoff::Spawned {
-                            current: Some(v), ..
-                        } => return Ok(v),
-                        Handoff::Spawned { flight, .. } => (flight, true),
-                    }
+        let mut waits = FutureWaits {
+            deadline: pin!(deadline),
+        };
+        let begin = match self.first_look(key, hash) {
+            Ok(begin) => begin,
+            Err(wait) => self.drive(key, hash, wait, &mut waits).await,
+        };
+        let lead = match begin {
+            Begin::Done(r) => return r,
+            Begin::Lead(lead) => lead,
+        };
+        match hand_off(lead, loader) {
+            Handoff::Inline(lead, f) => Self::lead_async(lead, f, false).await,
+            Handoff::Spawned {
+                current: Some(v), ..
+            } => Ok(v),
+            Handoff::Spawned { flight, .. } => {
+                match self.await_flight(key, hash, &flight, &mut waits).await {
+                    Joined::Done(r) => r,
+                    // Our own task was dropped unfinished (the only way our load retries);
+                    // its loader went with it.
+                    Joined::Retry => Err(LoadError::Cancelled),
                 }
-                Step::Wait(flight) => {
-                    // A permit we waited for is of no use while another caller loads.
-                    held = None;
-                    self.inner.domain.pin().count(Counter::CoalescedWaits);
-                    (flight, false)
-                }
-                Step::Throttled(limiter) => {
-                    let acquiring = Acquiring {
-                        limiter: &limiter,
-                        queued: Queued::default(),
-                        reclaim: None,
-                        deadline: deadline.as_mut(),
-                    };
-                    match acquiring.await {
-                        // The key may have changed while we waited: look again.
-                        Some(p) => held = Some(p),
-                        None => {
-                            self.inner.domain.pin().count(Counter::Timeouts);
-                            return Err(LoadError::Timeout);
-                        }
-                    }
-                    continue;
-                }
-            };
-            let waiting = Waiting {
-                flight: &flight,
-                sub: flight.subscribe(),
-                deadline: deadline.as_mut(),
-                load_deadline: flight.deadline().map(Sleep::until),
-            };
-            let mut outcome = waiting.await;
-            if outcome.is_none() && flight.overdue(Instant::now()) {
-                self.time_out(key, hash, &flight);
-                outcome = flight.result();
-                if outcome.is_none() {
-                    // The leader claimed first and is publishing: wait for that alone.
-                    outcome = Some(
-                        Published {
-                            flight: &flight,
-                            sub: flight.subscribe(),
-                        }
-                        .await,
-                    );
-                }
-            }
-            match self.joined(&flight, outcome) {
-                Joined::Done(r) => return r,
-                // Our own task was dropped unfinished (the only way our load retries).
-                Joined::Retry if ours => return Err(LoadError::Cancelled),
-                Joined::Retry => continue,
             }
         }
+    }
+}
+
+/// A future's waits: it yields to its executor until the caller's deadline future completes.
+struct FutureWaits<'d, D> {
+    deadline: Pin<&'d mut Option<D>>,
+}
+
+impl<V, D: Future<Output = ()>> Waits<V> for FutureWaits<'_, D> {
+    async fn flight<'f>(&mut self, flight: &'f Flight<V>) -> Option<&'f FlightResult<V>> {
+        Waiting {
+            flight,
+            sub: flight.subscribe(),
+            deadline: self.deadline.as_mut(),
+            load_deadline: flight.deadline().map(Sleep::until),
+        }
+        .await
+    }
+
+    async fn published<'f>(&mut self, flight: &'f Flight<V>) -> Option<&'f FlightResult<V>> {
+        Some(
+            Published {
+                flight,
+                sub: flight.subscribe(),
+            }
+            .await,
+        )
+    }
+
+    async fn permit(&mut self, limiter: &Arc<Limiter>) -> Option<Permit> {
+        Acquiring {
+            limiter,
+            queued: Queued::default(),
+            reclaim: None,
+            deadline: self.deadline.as_mut(),
+        }
+        .await
     }
 }
 
@@ -531,17 +518,17 @@ fn deadline_passed<D: Future<Output = ()>>(
 
 /// Waits on another caller's flight until its result, or until the caller's deadline or the
 /// load's own (`None`).
-struct Waiting<'a, V, D> {
+struct Waiting<'a, 'd, V, D> {
     flight: &'a Flight<V>,
     /// Our place among the waiters; `None` once the result is ours (or was available when we
     /// subscribed) or we left.
     sub: Option<Subscription>,
-    deadline: Pin<&'a mut Option<D>>,
+    deadline: Pin<&'d mut Option<D>>,
     /// The load's deadline (`load_timeout`), after which the waiter detaches it.
     load_deadline: Option<Sleep>,
 }
 
-impl<'a, V, D: Future<Output = ()>> Future for Waiting<'a, V, D> {
+impl<'a, V, D: Future<Output = ()>> Future for Waiting<'a, '_, V, D> {
     type Output = Option<&'a FlightResult<V>>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -568,7 +555,7 @@ impl<'a, V, D: Future<Output = ()>> Future for Waiting<'a, V, D> {
     }
 }
 
-impl<V, D> Drop for Waiting<'_, V, D> {
+impl<V, D> Drop for Waiting<'_, '_, V, D> {
     fn drop(&mut self) {
         if let Some(sub) = &self.sub {
             self.flight.unsubscribe(sub);

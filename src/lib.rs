@@ -340,6 +340,7 @@ mod load;
 mod local;
 #[cfg(feature = "metrics")]
 mod metrics;
+mod miss;
 mod pacing;
 mod policy;
 mod refresh;

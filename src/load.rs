@@ -24,6 +24,7 @@ use crate::cache::Cache;
 use crate::clock::OnceNow;
 use crate::entry::{expiry_after, Entry, Kind, NEVER};
 use crate::flight::{Flight, FlightResult, Start};
+use crate::miss::{Begin, ThreadWaits};
 use crate::pacing::Permit;
 use crate::refresh::RefreshState;
 use crate::removal::RemovalCause;
@@ -496,22 +497,6 @@ where
         }
     }
 
-    /// The result of a flight this caller found overdue: it detaches it, or, if the leader
-    /// claimed it first, waits the moment until the leader publishes.
-    pub(crate) fn timed_out_result<'f, Q>(
-        &self,
-        key: &Q,
-        hash: u64,
-        flight: &'f Arc<Flight<V>>,
-    ) -> Option<&'f FlightResult<V>>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        self.time_out(key, hash, flight);
-        flight.result().or_else(|| flight.wait(None))
-    }
-
     /// The entry that puts back a refresh's still-valid `value` when its load failed or was
     /// detached: its hard expiry as before, one more failure behind it (so the next refresh
     /// backs off).
@@ -549,46 +534,18 @@ where
         E: Send + Sync + 'static,
     {
         let hash = self.inner.hasher.hash_one(key);
-        // A load permit obtained by waiting, kept across a retry.
-        let mut held = None;
-        loop {
-            match self.step(key, hash, &mut held) {
-                Step::Done(r) => return Begin::Done(r),
-                Step::Lead(lead) => return Begin::Lead(lead),
-                Step::Wait(flight) => {
-                    // A permit we waited for is of no use while another caller loads.
-                    held = None;
-                    if flight.led_by_current_thread() {
-                        return Begin::Done(Err(LoadError::Recursive));
-                    }
-                    self.inner.domain.pin().count(Counter::CoalescedWaits);
-                    let until = match (deadline, flight.deadline()) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
-                    let mut outcome = flight.wait(until);
-                    if outcome.is_none() && flight.overdue(Instant::now()) {
-                        outcome = self.timed_out_result(key, hash, &flight);
-                    }
-                    match self.joined(&flight, outcome) {
-                        Joined::Done(r) => return Begin::Done(r),
-                        Joined::Retry => continue,
-                    }
-                }
-                Step::Throttled(limiter) => match limiter.acquire(deadline) {
-                    // The key may have changed while we waited: look again.
-                    Some(p) => held = Some(p),
-                    None => {
-                        self.inner.domain.pin().count(Counter::Timeouts);
-                        return Begin::Done(Err(LoadError::Timeout));
-                    }
-                },
+        match self.first_look(key, hash) {
+            Ok(begin) => begin,
+            // A thread's waits block in place: the driver is ready when first polled.
+            Err(wait) => {
+                crate::spawn::block_on(self.drive(key, hash, wait, &mut ThreadWaits { deadline }))
             }
         }
     }
 
     /// One look at the key, which never blocks: what the caller does next. `held` is a permit
     /// the caller obtained by waiting (taken if this step leads).
+    #[inline]
     pub(crate) fn step<Q, E>(
         &self,
         key: &Q,
@@ -976,17 +933,6 @@ where
     /// No load permit is free and there is no value to serve: wait for a permit, then look
     /// again.
     Throttled(Arc<crate::pacing::Limiter>),
-}
-
-/// Where the miss path stands before the loader runs.
-enum Begin<K, V, S, E>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    V: Clone + Send + Sync + 'static,
-    S: BuildHasher,
-{
-    Done(Result<V, LoadError<E>>),
-    Lead(Lead<K, V, S>),
 }
 
 /// The leader's obligations for one flight; its drop finishes the flight if the loader

@@ -244,7 +244,10 @@ impl std::ops::Deref for SharedSpawner {
     }
 }
 
-/// Runs a future on this thread, parking between polls.
+/// Runs a future on this thread, parking between polls. The first poll uses a no-op waker:
+/// the threads' miss path and the sync fleet store never return `Pending`, so they cost no
+/// waker; a future that does return `Pending` is polled again with one that unparks this
+/// thread, which it registers then (every poll that returns `Pending` registers its waker).
 pub(crate) fn block_on<F: Future>(f: F) -> F::Output {
     struct Unpark(std::thread::Thread);
     impl Wake for Unpark {
@@ -252,9 +255,12 @@ pub(crate) fn block_on<F: Future>(f: F) -> F::Output {
             self.0.unpark();
         }
     }
+    let mut f = pin!(f);
+    if let Poll::Ready(v) = f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        return v;
+    }
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
     let mut cx = Context::from_waker(&waker);
-    let mut f = pin!(f);
     loop {
         match f.as_mut().poll(&mut cx) {
             Poll::Ready(v) => return v,

@@ -203,3 +203,17 @@ async fn a_task_without_a_permit_waits_for_one() {
     assert_eq!(first.await.unwrap(), Ok(1));
     assert_eq!(second.await.unwrap(), Ok(2));
 }
+
+/// A thread's loader that polls an async loading call for its own key in place (a sync
+/// loader over async code) gets `Recursive`, as a thread re-entering does. Before, the future
+/// path had no such check: it waited on the load its own thread was running, for ever.
+#[test]
+fn a_loader_that_awaits_its_own_key_in_place_gets_an_error_not_a_deadlock() {
+    let c: Cache<u32, u64> = Cache::builder().max_capacity(10).build().unwrap();
+    let inner = c.get_or_load(&1, |_| {
+        let again = common::tasks::block_on(c.get_or_load_async(&1, |_| async { Ok::<_, ()>(0) }));
+        assert!(matches!(again, Err(LoadError::Recursive)), "{again:?}");
+        Ok::<_, ()>(10)
+    });
+    assert_eq!(inner, Ok(10));
+}

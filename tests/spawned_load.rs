@@ -253,7 +253,7 @@ fn one_spawner_runs_both_spawned_loads_and_background_refreshes_without_a_runtim
     let waiter = {
         let cache = cache.clone();
         std::thread::spawn(move || {
-            futures_block_on(cache.get_or_load_spawned(&1, move |_| {
+            common::tasks::block_on(cache.get_or_load_spawned(&1, move |_| {
                 let _ = gate.recv();
                 async { Ok::<_, ()>(1) }
             }))
@@ -275,28 +275,4 @@ fn one_spawner_runs_both_spawned_loads_and_background_refreshes_without_a_runtim
     assert_eq!(r, Ok(1), "the current value, at once");
     release.send(()).unwrap();
     common::spin_until("the refresh landed", || cache.get(&1) == Some(2));
-}
-
-/// Polls a future on this thread until it is ready, parking between polls.
-fn futures_block_on<F: std::future::Future>(f: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl std::task::Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = std::task::Context::from_waker(&waker);
-    let mut f = std::pin::pin!(f);
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-            return v;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the future did not finish within 30 s"
-        );
-        std::thread::park_timeout(Duration::from_millis(100));
-    }
 }

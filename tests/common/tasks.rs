@@ -53,3 +53,29 @@ pub async fn until(cond: impl Fn() -> bool) {
         tokio::task::yield_now().await;
     }
 }
+
+/// Polls a future on this thread until it is ready, parking between polls; fails the test if
+/// it is not ready within 30 s.
+pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    let bound = std::time::Duration::from_secs(30);
+    let deadline = std::time::Instant::now() + bound;
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the future was not ready within {bound:?}"
+        );
+        std::thread::park_timeout(std::time::Duration::from_millis(100));
+    }
+}
