@@ -32,7 +32,6 @@ use crate::flight::{Flight, FlightResult, Subscription};
 use crate::load::{Joined, Lead, LoadError};
 use crate::miss::{Begin, Waits};
 use crate::pacing::{Limiter, Permit, Queued};
-use crate::stats::Counter;
 use crate::timer::{OrDeadline, Sleep};
 
 impl<K, V, S> Cache<K, V, S>
@@ -354,7 +353,11 @@ where
             let tier = match lead.cache.inner.shared.as_ref() {
                 Some(tier) if !on_tokio() => {
                     // Not silently: counted, and logged once per tier.
-                    lead.cache.inner.domain.pin().count(Counter::SharedSkipped);
+                    lead.cache
+                        .inner
+                        .domain
+                        .pin()
+                        .count(crate::stats::Counter::SharedSkipped);
                     tier.skipped_off_tokio();
                     None
                 }
