@@ -315,6 +315,9 @@ where
         // A refresh: the value it replaces is still valid, and is this caller's answer.
         let current = lead.flight.serving(|| self.now()).cloned();
         let flight = Arc::clone(&lead.flight);
+        // No thread runs the loader until the task starts: a read of this key on our thread
+        // meanwhile must wait for it, not be taken for re-entry.
+        lead.flight.clear_leader();
         spawner.spawn(crate::LoadTask::new(async move {
             let _ = Self::lead_async(lead, loader, true).await;
         }));
