@@ -7,8 +7,6 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-#[cfg(any(miri, herdcache_loom))]
-use std::time::Instant;
 
 /// A monotonic source of time for expiry decisions.
 ///
@@ -51,10 +49,10 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
 
 /// The default clock: monotonic time since the moment the cache was built, read from the
 /// CPU's time-stamp counter where it is invariant (through the `quanta` crate, calibrated once
-/// per process in about a millisecond), else from [`Instant::now`](std::time::Instant::now). A read of the counter
-/// costs about half of `Instant::now`'s vDSO call (15 against 28 ns on the machine the
-/// crate's benchmarks run on), and the cache reads the clock on every hit and write of an
-/// entry that can expire.
+/// per process in about a millisecond), else from
+/// [`Instant::now`](std::time::Instant::now). A read of the counter costs about half of
+/// `Instant::now`'s vDSO call (15 against 28 ns on the machine the crate's benchmarks run
+/// on), and the cache reads the clock on every hit and write of an entry that can expire.
 ///
 /// ```
 /// use herdcache::{Clock, SystemClock};
@@ -69,15 +67,36 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
 /// ```
 #[derive(Debug, Clone, Copy)]
 pub struct SystemClock {
-    origin: SystemInstant,
+    origin: system::Reading,
 }
 
-/// The system clock's readings: the TSC through quanta, but `std`'s under Miri (which cannot
-/// run the counter's instruction) and loom.
+/// The system clock's readings: the TSC through one process-wide `quanta::Clock` (read
+/// directly, not through `quanta::Instant::now`, whose thread-local override check would cost
+/// every read, could panic in a thread-local destructor, and would hand the cache's time to a
+/// mock a user installs for their own code), but `std`'s under Miri (which cannot run the
+/// counter's instruction) and loom.
 #[cfg(not(any(miri, herdcache_loom)))]
-type SystemInstant = quanta::Instant;
+mod system {
+    use std::sync::OnceLock;
+
+    pub(super) type Reading = quanta::Instant;
+
+    static CLOCK: OnceLock<quanta::Clock> = OnceLock::new();
+
+    #[inline]
+    pub(super) fn now() -> Reading {
+        CLOCK.get_or_init(quanta::Clock::new).now()
+    }
+}
+
 #[cfg(any(miri, herdcache_loom))]
-type SystemInstant = Instant;
+mod system {
+    pub(super) type Reading = std::time::Instant;
+
+    pub(super) fn now() -> Reading {
+        Reading::now()
+    }
+}
 
 impl SystemClock {
     /// A clock whose origin is now.
@@ -90,7 +109,7 @@ impl SystemClock {
     /// ```
     pub fn new() -> Self {
         SystemClock {
-            origin: SystemInstant::now(),
+            origin: system::now(),
         }
     }
 }
@@ -104,7 +123,7 @@ impl Default for SystemClock {
 impl Clock for SystemClock {
     #[inline]
     fn now(&self) -> Duration {
-        SystemInstant::now().duration_since(self.origin)
+        system::now().saturating_duration_since(self.origin)
     }
 }
 
