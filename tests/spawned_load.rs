@@ -276,3 +276,26 @@ fn one_spawner_runs_both_spawned_loads_and_background_refreshes_without_a_runtim
     release.send(()).unwrap();
     common::spin_until("the refresh landed", || cache.get(&1) == Some(2));
 }
+
+/// Two tasks on one thread: the second misses the key while the first's spawned load waits
+/// to start. Before, the flight still named the handing thread as its leader, and the second
+/// task got `Recursive` instead of the value.
+#[tokio::test(flavor = "current_thread")]
+async fn tasks_on_one_thread_share_a_spawned_load_that_has_not_started() {
+    let cache = spawning_cache();
+    let call = |v: u64| {
+        let cache = cache.clone();
+        tokio::spawn(async move {
+            cache
+                .get_or_load_spawned(&1, move |_| async move { Ok::<_, ()>(v) })
+                .await
+        })
+    };
+    let (first, second) = (call(1), call(2));
+    assert_eq!(first.await.unwrap(), Ok(1));
+    assert_eq!(
+        second.await.unwrap(),
+        Ok(1),
+        "the second task joined the load"
+    );
+}
