@@ -74,7 +74,11 @@ impl<T: Spawner + ?Sized> Spawner for Arc<T> {
 /// A [`Spawner`] that runs each task and job on a new thread of its own (a task is polled
 /// there, parking between polls). Simple and runtime-free, for caches whose handed-off loads
 /// are rare (early refreshes of a few hot keys); a busy service should hand them to its
-/// runtime or pool instead.
+/// runtime or pool instead. Its threads run no async runtime: a loader future that needs one
+/// (tokio's I/O or timers) panics there, which its callers get as
+/// [`LoadError::Panicked`](crate::LoadError::Panicked), and with a shared tier (feature
+/// `redis`) its loads skip the tier (counted in `Stats::shared_skipped`). Use
+/// `TokioSpawner` for such loaders.
 ///
 /// ```
 /// use std::time::Duration;
