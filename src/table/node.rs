@@ -31,10 +31,13 @@ impl<K, V> Node<K, V> {
 /// of `table/mod.rs` work:
 ///
 /// ```text
-/// EMPTY (null) --claim--> LIVE (node) --remove--> TOMBSTONE (null | TOMBSTONE)
-///   |                       |  ^ replace (same key)     |
-///   +------ freeze ---------+--+------------------------+--> ... | FROZEN
+/// EMPTY (null) --claim--> LIVE (node) --remove--> TOMBSTONE (null | TOMBSTONE), final
+///   |                       |  ^ replace (same key)
+///   +------ freeze ---------+--+--> ... | FROZEN
 /// ```
+///
+/// A migration freezes empty and live slots; a tombstone is already final, so it is left
+/// as it is (and not copied).
 pub(crate) struct SlotBits;
 
 impl SlotBits {
