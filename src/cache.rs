@@ -1,26 +1,19 @@
-//! [`Cache`]: the public API, thin over the table, the policy and the per-thread context.
-//! The miss path (single flight) is in `load.rs`.
+//! [`Cache`]: the public API, a handle on the cache's [`Engine`](crate::engine). The miss
+//! path (single flight) is in `load.rs`, the collection calls in `entries.rs`.
 
 use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_epoch::Owned;
-use crossbeam_utils::CachePadded;
-
-use crate::clock::{duration_to_nanos, OnceNow, TimeSource};
-use crate::entry::{expiry_after, Entry, NEVER};
-use crate::local::{Domain, Pinned};
-use crate::pacing::Limiter;
-use crate::policy::Policy;
-use crate::refresh::RefreshSettings;
+use crate::clock::duration_to_nanos;
+use crate::engine::Engine;
+use crate::entry::{expiry_after, NEVER};
+use crate::local::Pinned;
 use crate::removal::{Hooks, RemovalCause};
 use crate::settings::Settings;
-use crate::stats::{Counter, Stats};
-use crate::table::{Decision, Node, Outcome, Table};
+use crate::stats::Stats;
 use crate::DefaultHashBuilder;
 
 /// A bounded, lock-free, concurrent cache.
@@ -37,51 +30,7 @@ use crate::DefaultHashBuilder;
 /// # Ok::<(), herdcache::BuildError>(())
 /// ```
 pub struct Cache<K, V, S = DefaultHashBuilder> {
-    pub(crate) inner: Arc<Inner<K, V, S>>,
-}
-
-pub(crate) struct Inner<K, V, S> {
-    pub(crate) table: Table<K, Entry<V>>,
-    pub(crate) policy: Policy,
-    /// Hashes keys into policy keys: seeded per cache, independent of the user's hasher.
-    pub(crate) pkeys: foldhash::fast::FixedState,
-    pub(crate) hooks: Hooks<K, V>,
-    pub(crate) hasher: S,
-    pub(crate) clock: TimeSource,
-    pub(crate) max_capacity: usize,
-    pub(crate) time_to_live: Option<u64>,
-    /// In idle units (see `clock::IDLE_SHIFT`).
-    pub(crate) time_to_idle: Option<u32>,
-    pub(crate) negative_ttl: Option<u64>,
-    pub(crate) refresh: RefreshSettings,
-    pub(crate) limiter: Option<Arc<Limiter>>,
-    /// Each load's own deadline, from its start.
-    pub(crate) load_timeout: Option<Duration>,
-    /// How long past its expiry a value may still be served in place of a load that did
-    /// not finish for the caller (nanoseconds).
-    pub(crate) max_stale: u64,
-    /// Runs the loads of `get_or_load_spawned` and the refreshes of `get_or_load_background`.
-    pub(crate) spawner: Option<crate::spawn::SharedSpawner>,
-    /// Coordinates loads across instances.
-    #[cfg(feature = "redis")]
-    pub(crate) shared: Option<crate::fleet::RedisTier<K, V>>,
-    /// On a line of its own: every write bumps these, and a line shared with what every read
-    /// loads (the table's root, the hasher) would be taken from the readers' cores each time.
-    write_hot: CachePadded<WriteHot>,
-    /// Set (once) when the cache first holds an entry that can expire: from then on, writes
-    /// sweep (see sweep.rs).
-    pub(crate) expiring: AtomicBool,
-    // Dropped last: dropping the domain frees this thread's handle, letting the collector
-    // run the destructors of the entries retired above.
-    pub(crate) domain: Domain,
-}
-
-/// The counters every write advances, together: the second is on a line the first just took.
-#[derive(Default)]
-struct WriteHot {
-    versions: AtomicU64,
-    /// Writes that took their share of the sweep (see sweep.rs).
-    sweep: AtomicUsize,
+    pub(crate) inner: Arc<Engine<K, V, S>>,
 }
 
 impl<K, V, S> Clone for Cache<K, V, S> {
@@ -95,8 +44,8 @@ impl<K, V, S> Clone for Cache<K, V, S> {
 impl<K, V, S> fmt::Debug for Cache<K, V, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Cache")
-            .field("entry_count", &self.inner.table.len())
-            .field("max_capacity", &self.inner.max_capacity)
+            .field("entry_count", &self.inner.len())
+            .field("max_capacity", &self.inner.settings().max_capacity)
             .finish_non_exhaustive()
     }
 }
@@ -113,53 +62,14 @@ where
         #[cfg(feature = "redis")] shared: Option<crate::fleet::RedisTier<K, V>>,
         hasher: S,
     ) -> Result<Self, crate::BuildError> {
-        // Random, unless instances of a fleet must agree on them: the tier's channel names
-        // keys by their policy key.
-        let random = || foldhash::fast::RandomState::default().hash_one(0u64);
-        #[cfg(feature = "redis")]
-        let pkey_seed = shared.as_ref().map_or_else(random, |t| t.pkey_seed());
-        #[cfg(not(feature = "redis"))]
-        let pkey_seed = random();
-        let pkeys = foldhash::fast::FixedState::with_seed(pkey_seed);
-        let seed = pkeys.hash_one(0x5eed_u64);
-        let table = Table::try_with_capacity(settings.initial_capacity).ok_or(
-            crate::BuildError::Invalid {
-                setting: "initial_capacity",
-                reason: "its table cannot be allocated on this machine",
-            },
-        )?;
         Ok(Cache {
-            inner: Arc::new(Inner {
-                table,
-                policy: Policy::new(settings.max_capacity as u64, seed, hooks.weigher.is_some()),
-                pkeys,
+            inner: Arc::new(Engine::new(
+                settings,
                 hooks,
-                hasher,
-                clock: settings.clock,
-                max_capacity: settings.max_capacity,
-                time_to_live: settings.time_to_live,
-                time_to_idle: settings.time_to_idle,
-                negative_ttl: settings.negative_ttl,
-                refresh: settings.refresh,
-                limiter: settings
-                    .max_concurrent_loads
-                    .map(|n| Arc::new(Limiter::new(n, settings.load_timeout))),
-                load_timeout: settings.load_timeout,
-                max_stale: settings.max_stale,
-                spawner: settings.spawner,
                 #[cfg(feature = "redis")]
                 shared,
-                write_hot: CachePadded::new(WriteHot {
-                    versions: AtomicU64::new(1),
-                    sweep: AtomicUsize::new(0),
-                }),
-                expiring: AtomicBool::new(
-                    settings.time_to_live.is_some()
-                        || settings.time_to_idle.is_some()
-                        || settings.negative_ttl.is_some(),
-                ),
-                domain: Domain::new(),
-            }),
+                hasher,
+            )?),
         })
     }
 
@@ -183,8 +93,8 @@ where
         Q: Hash + Eq + ?Sized,
         V: Clone,
     {
-        let pinned = self.inner.domain.pin();
-        self.lookup(key, &pinned).cloned()
+        let pinned = self.inner.pin();
+        self.inner.lookup(key, &pinned).cloned()
     }
 
     /// Whether the cache holds an unexpired value for `key` (counts as a lookup).
@@ -202,8 +112,8 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let pinned = self.inner.domain.pin();
-        self.lookup(key, &pinned).is_some()
+        let pinned = self.inner.pin();
+        self.inner.lookup(key, &pinned).is_some()
     }
 
     /// Pins the cache for a series of reads that borrow values instead of cloning them.
@@ -226,7 +136,7 @@ where
     pub fn pin(&self) -> CacheGuard<'_, K, V, S> {
         CacheGuard {
             cache: self,
-            pinned: self.inner.domain.pin(),
+            pinned: self.inner.pin(),
         }
     }
 
@@ -253,7 +163,7 @@ where
     /// # Ok::<(), herdcache::BuildError>(())
     /// ```
     pub fn insert(&self, key: K, value: V) {
-        let ttl = self.ttl_of(&key, &value);
+        let ttl = self.inner.ttl_of(&key, &value);
         self.insert_for(key, value, ttl);
     }
 
@@ -286,15 +196,15 @@ where
     /// there first.
     fn insert_for(&self, key: K, value: V, ttl: Option<u64>) {
         #[cfg(feature = "redis")]
-        let written = self.write_through(Some(&key), self.pkey(&key), Some((&value, ttl)));
+        let written = self.write_through(Some(&key), self.inner.pkey(&key), Some((&value, ttl)));
         #[cfg(feature = "redis")]
         let ttl = match written.as_ref().and_then(|w| w.cap) {
             Some(cap) => Some(ttl.map_or(cap, |t| t.min(cap))),
             None => ttl,
         };
-        let pinned = self.inner.domain.pin();
-        let expires_at = ttl.map_or(NEVER, |t| expiry_after(self.now(), t));
-        self.insert_entry(key, value, expires_at, &pinned);
+        let pinned = self.inner.pin();
+        let expires_at = ttl.map_or(NEVER, |t| expiry_after(self.inner.now(), t));
+        self.inner.insert(key, value, expires_at, &pinned);
         #[cfg(feature = "redis")]
         if let Some(w) = written {
             self.recheck_write(w);
@@ -342,15 +252,12 @@ where
     {
         // In progress until the local removal is done (other own writes of the key look).
         #[cfg(feature = "redis")]
-        let _written = self.write_through(None, self.pkey(key), None);
-        let pinned = self.inner.domain.pin();
-        let hash = self.inner.hasher.hash_one(key);
-        let node = self
+        let _written = self.write_through(None, self.inner.pkey(key), None);
+        let pinned = self.inner.pin();
+        let hash = self.inner.hash(key);
+        let live = self
             .inner
-            .table
-            .remove(hash, |k| k.borrow() == key, &pinned.guard)?;
-        let live = node.value.live_value(|| self.now());
-        self.removed(node, RemovalCause::Invalidated, &pinned);
+            .remove(hash, key, RemovalCause::Invalidated, &pinned)?;
         // The guard keeps the removed node alive.
         Some(live.map(read))
     }
@@ -378,15 +285,7 @@ where
 
     /// Removes every local entry: how many held a live value.
     pub(crate) fn clear_local(&self) -> u64 {
-        let pinned = self.inner.domain.pin();
-        let mut live = 0;
-        for node in self.inner.table.iter(&pinned.guard) {
-            if self.inner.table.remove_node(node, &pinned.guard) {
-                live += u64::from(node.value.live_value(|| self.now()).is_some());
-                self.removed(node, RemovalCause::Invalidated, &pinned);
-            }
-        }
-        live
+        self.inner.clear()
     }
 
     /// Entries held, including expired ones not yet removed and keys whose load is in
@@ -401,7 +300,7 @@ where
     /// # Ok::<(), herdcache::BuildError>(())
     /// ```
     pub fn entry_count(&self) -> u64 {
-        self.inner.table.len() as u64
+        self.inner.len() as u64
     }
 
     /// The capacity the cache was built with.
@@ -413,7 +312,7 @@ where
     /// # Ok::<(), herdcache::BuildError>(())
     /// ```
     pub fn max_capacity(&self) -> u64 {
-        self.inner.max_capacity as u64
+        self.inner.settings().max_capacity as u64
     }
 
     /// A snapshot of the counters (summed over threads; see [`Stats`]).
@@ -427,163 +326,34 @@ where
     /// # Ok::<(), herdcache::BuildError>(())
     /// ```
     pub fn stats(&self) -> Stats {
-        self.inner.domain.counters().snapshot()
+        self.inner.counters().snapshot()
     }
 
-    /// The live value for `key`, without counting a lookup or touching the policy.
-    pub(crate) fn peek_in<'g, Q>(&self, key: &Q, pinned: &'g Pinned<'_>) -> Option<&'g V>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        let hash = self.inner.hasher.hash_one(key);
-        self.inner
-            .table
-            .get(hash, |k| k.borrow() == key, &pinned.guard)
-            .and_then(|n| n.value.live_value(|| self.now()))
-    }
-
-    #[inline]
-    pub(crate) fn now(&self) -> u64 {
-        self.inner.clock.now_nanos()
-    }
-
-    /// A ready entry written now, with its refresh plan (`delta`: measured load time;
-    /// `failures`: consecutive failed refreshes behind it).
-    pub(crate) fn ready_entry(
-        &self,
-        pkey: u64,
-        value: V,
-        expires_at: u64,
-        delta: u64,
-        failures: u32,
-    ) -> Entry<V> {
-        // Without a refresh rule or a time to idle: no clock read; with both, one.
-        let now = OnceNow::new(&self.inner.clock);
-        let refresh = self.inner.refresh.active().then(|| {
-            Box::new(
-                self.inner
-                    .refresh
-                    .state(now.get(), expires_at, delta, failures),
-            )
-        });
-        self.note_expiry(expires_at);
-        let entry = Entry::ready(self.next_version(), pkey, value, expires_at, refresh);
-        match self.inner.time_to_idle {
-            Some(units) => entry.with_idle(now.get(), units),
-            None => entry,
-        }
-    }
-
-    /// A fresh version, unique within the cache.
-    pub(crate) fn next_version(&self) -> u64 {
-        // Relaxed: versions need uniqueness, which the RMW gives; they order nothing.
-        self.inner
-            .write_hot
-            .versions
-            .fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// The number of this write among the writes that sweep (see sweep.rs).
-    pub(crate) fn next_sweep(&self) -> usize {
-        // Relaxed: the count only spreads the writes' shares of the sweep over the table.
-        self.inner.write_hot.sweep.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Finds a live value, counting the hit or miss and removing an expired entry found.
-    #[inline(always)]
-    fn lookup<'g, Q>(&self, key: &Q, pinned: &'g Pinned<'_>) -> Option<&'g V>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        let hash = self.inner.hasher.hash_one(key);
-        let Some(node) = self
-            .inner
-            .table
-            .get(hash, |k| k.borrow() == key, &pinned.guard)
-        else {
-            pinned.count(Counter::Misses);
-            return None;
-        };
-        let entry = &node.value;
-        if let Some(value) = self.hit(entry, || self.now(), pinned) {
-            return Some(value);
-        }
-        pinned.count(Counter::Misses);
-        if entry.is_expired(|| self.now()) {
-            self.remove_expired(node, pinned);
-        }
-        None
-    }
-
-    /// The hit path shared by every read (`get`, `pin().get`, the loading calls): `entry`'s
-    /// live value, if it has one, with the hit recorded. The loading calls then look at the
-    /// value's refresh plan; a miss is theirs to count.
+    /// Removes every expired value and cached error now, telling the listener of each
+    /// ([`RemovalCause::Expired`]); returns how many were removed.
     ///
-    /// `now` reads the clock, if the entry can expire: lazily, and in `get` a second time
-    /// for a `time_to_idle` (a cache without one pays nothing for it on a hit).
-    #[inline(always)]
-    pub(crate) fn hit<'g>(
-        &self,
-        entry: &'g Entry<V>,
-        now: impl Fn() -> u64,
-        pinned: &Pinned<'_>,
-    ) -> Option<&'g V> {
-        let value = entry.live_value(&now)?;
-        // The entry's hit counter and, with a `time_to_idle`, its idle deadline: both test
-        // before set.
-        entry.policy.on_hit();
-        if let Some(units) = self.inner.time_to_idle {
-            entry.policy.used(now(), units);
-        }
-        pinned.count(Counter::Hits);
-        Some(value)
-    }
-
-    #[cold]
-    fn remove_expired(&self, node: &Node<K, Entry<V>>, pinned: &Pinned<'_>) {
-        if self.inner.table.remove_node(node, &pinned.guard) {
-            self.removed(node, RemovalCause::Expired, pinned);
-        }
-    }
-
-    fn insert_entry(&self, key: K, value: V, expires_at: u64, pinned: &Pinned<'_>) {
-        let hash = self.inner.hasher.hash_one(&key);
-        let weight = self.weight_of(&key, &value);
-        let pkey = self.pkey(&key);
-        let entry = self.ready_entry(pkey, value, expires_at, 0, 0);
-        let node = Owned::new(Node::new(hash, key, entry));
-        let key_ptr: *const K = &node.key;
-        let outcome = self.inner.table.update(
-            hash,
-            // SAFETY: `key_ptr` points into the node's heap allocation, which does not move
-            // when the `Owned` does. While `update` runs the node is either still ours
-            // (handed back and forth across CAS retries) or published, and then it is freed
-            // only after our guard unpins. `update` calls this only before it returns.
-            |k| k == unsafe { &*key_ptr },
-            Some(node),
-            |_| Decision::Put,
-            &pinned.guard,
-        );
-        let new = match outcome {
-            Outcome::Inserted(new) => {
-                pinned.count(Counter::Inserts);
-                new
-            }
-            Outcome::Replaced(old, new) => {
-                pinned.count(Counter::Updates);
-                // The policy tracks the key on: our write supersedes the old one there.
-                let cause = self.cause_for(&old.value, RemovalCause::Replaced);
-                if cause == RemovalCause::Expired {
-                    pinned.count(Counter::Expirations);
-                }
-                self.notify(old, cause);
-                new
-            }
-            Outcome::Removed(_) | Outcome::Kept(..) => unreachable!("Put always stores"),
-        };
-        self.admit(new, weight, pinned);
+    /// Writes already sweep the cache a few slots at a time (without a weigher, every entry
+    /// is looked at within `max_capacity` writes), keeping a value for
+    /// [`max_stale`](crate::CacheBuilder::max_stale) past its expiry as a fallback for a
+    /// load that does not finish. This call removes those too: use it when the cache is not
+    /// being written and expired values should be freed, for example from a periodic task.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let clock = herdcache::ManualClock::new();
+    /// let cache = herdcache::Cache::builder()
+    ///     .max_capacity(100)
+    ///     .time_to_live(Duration::from_secs(10))
+    ///     .clock(clock.clone())
+    ///     .build()?;
+    /// cache.insert(1, "one");
+    /// clock.advance(Duration::from_secs(11));
+    /// assert_eq!(cache.purge_expired(), 1);
+    /// assert_eq!(cache.entry_count(), 0);
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    pub fn purge_expired(&self) -> u64 {
+        self.inner.purge_expired()
     }
 }
 
@@ -635,7 +405,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.cache.lookup(key, &self.pinned)
+        self.cache.inner.lookup(key, &self.pinned)
     }
 
     /// Whether the cache holds an unexpired value for `key`.

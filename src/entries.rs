@@ -34,7 +34,7 @@ where
         Q: Hash + Eq + ?Sized,
         V: Clone,
     {
-        self.peek_in(key, &self.inner.domain.pin()).cloned()
+        self.inner.peek(key, &self.inner.pin()).cloned()
     }
 
     /// Removes `key`'s entry and returns its value, if it held one that [`get`](Self::get)
@@ -75,7 +75,7 @@ where
     /// # Ok::<(), herdcache::BuildError>(())
     /// ```
     pub fn weighted_size(&self) -> u64 {
-        self.inner.policy.weight()
+        self.inner.weight()
     }
 
     /// The keys of the `n` live entries the eviction policy values most, most valued first:
@@ -103,7 +103,7 @@ where
     where
         K: Clone,
     {
-        self.ranked_keys(n, true)
+        self.inner.ranked_keys(n, true)
     }
 
     /// The keys of the `n` live entries the eviction policy values least, least valued first:
@@ -126,34 +126,7 @@ where
     where
         K: Clone,
     {
-        self.ranked_keys(n, false)
-    }
-
-    fn ranked_keys(&self, n: usize, hottest: bool) -> Vec<K>
-    where
-        K: Clone,
-    {
-        let pinned = self.inner.domain.pin();
-        let table = &self.inner.table;
-        // As the policy's probe finds nodes: by policy key, no user code under its lock.
-        let pending = |pkey: u64, hash: u64| {
-            table
-                .get_node(hash, |n| n.value.pkey == pkey, &pinned.guard)
-                .map_or(0, |n| u64::from(n.value.policy.pending_hits()))
-        };
-        let ranked = self.inner.policy.ranked(n, hottest, &pending);
-        let now = self.now();
-        ranked
-            .iter()
-            .filter_map(|r| {
-                let node =
-                    self.inner
-                        .table
-                        .get_node(r.hash, |n| n.value.pkey == r.pkey, &pinned.guard)?;
-                node.value.live_value(|| now)?;
-                Some(node.key.clone())
-            })
-            .collect()
+        self.inner.ranked_keys(n, false)
     }
 
     /// Keeps only the entries for which `keep` returns true: every other live value is removed
@@ -180,9 +153,9 @@ where
     /// # Ok::<(), herdcache::BuildError>(())
     /// ```
     pub fn retain(&self, mut keep: impl FnMut(&K, &V) -> bool) {
-        let pinned = self.inner.domain.pin();
-        let now = self.now();
-        for node in self.inner.table.iter(&pinned.guard) {
+        let pinned = self.inner.pin();
+        let now = self.inner.now();
+        for node in self.inner.nodes(&pinned.guard) {
             let Some(value) = node.value.live_value(|| now) else {
                 continue;
             };
@@ -192,9 +165,8 @@ where
             // In progress in the tier until the local removal is done, as for `invalidate`.
             #[cfg(feature = "redis")]
             let _written = self.write_through(None, node.value.pkey, None);
-            if self.inner.table.remove_node(node, &pinned.guard) {
-                self.removed(node, RemovalCause::Invalidated, &pinned);
-            }
+            self.inner
+                .remove_node(node, RemovalCause::Invalidated, &pinned);
         }
     }
 }
@@ -227,8 +199,8 @@ where
     /// ```
     pub fn iter(&self) -> Iter<'_, K, V> {
         Iter {
-            nodes: self.cache.inner.table.iter(&self.pinned.guard),
-            now: self.cache.now(),
+            nodes: self.cache.inner.nodes(&self.pinned.guard),
+            now: self.cache.inner.now(),
         }
     }
 }

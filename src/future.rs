@@ -246,7 +246,7 @@ where
         E: Send + Sync + 'static,
         S: Send + Sync + 'static,
     {
-        if self.inner.spawner.is_none() {
+        if self.inner.settings().spawner.is_none() {
             return Err(LoadError::NoSpawner);
         }
         self.load_async(key, None::<std::future::Pending<()>>, loader, |lead, f| {
@@ -292,7 +292,7 @@ where
         S: Send + Sync + 'static,
         D: Future<Output = ()>,
     {
-        if self.inner.spawner.is_none() {
+        if self.inner.settings().spawner.is_none() {
             return Err(LoadError::NoSpawner);
         }
         self.load_async(key, Some(deadline), loader, |lead, f| {
@@ -309,11 +309,11 @@ where
         E: Send + Sync + 'static,
         S: Send + Sync + 'static,
     {
-        let Some(spawner) = &self.inner.spawner else {
+        let Some(spawner) = &self.inner.settings().spawner else {
             return Handoff::Inline(lead, loader);
         };
         // A refresh: the value it replaces is still valid, and is this caller's answer.
-        let current = lead.flight.serving(|| self.now()).cloned();
+        let current = lead.flight.serving(|| self.inner.now()).cloned();
         let flight = Arc::clone(&lead.flight);
         // No thread runs the loader until the task starts: a read of this key on our thread
         // meanwhile must wait for it, not be taken for re-entry.
@@ -342,7 +342,7 @@ where
         if queued && lead.stale_before_start() {
             return lead.time_out();
         }
-        let started = lead.cache.now();
+        let started = lead.cache.inner.now();
         // The load's own deadline: past it, the loader future is dropped (at the end of this
         // block, before the flight is detached).
         let sleep = lead.flight.deadline().map(Sleep::until);
@@ -353,12 +353,11 @@ where
                 panicked: &lead.panicked,
             };
             #[cfg(feature = "redis")]
-            let tier = match lead.cache.inner.shared.as_ref() {
+            let tier = match lead.cache.inner.shared() {
                 Some(tier) if !on_tokio() => {
                     // Not silently: counted, and logged once per tier.
                     lead.cache
                         .inner
-                        .domain
                         .pin()
                         .count(crate::stats::Counter::SharedSkipped);
                     tier.skipped_off_tokio();
@@ -371,8 +370,7 @@ where
             match tier {
                 #[cfg(feature = "redis")]
                 Some(tier) => {
-                    let domain = &lead.cache.inner.domain;
-                    let count = move |c| domain.pin().count(c);
+                    let count = lead.cache.inner.counting();
                     let fetched =
                         pin!(tier.load_async(&lead.key, lead.shared_plan(), &count, load));
                     (OrDeadline {
@@ -414,7 +412,7 @@ where
         E: Send + Sync + 'static,
         D: Future<Output = ()>,
     {
-        let hash = self.inner.hasher.hash_one(key);
+        let hash = self.inner.hash(key);
         let mut waits = FutureWaits {
             deadline: pin!(deadline),
         };

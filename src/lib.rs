@@ -328,6 +328,7 @@
 mod builder;
 mod cache;
 mod clock;
+mod engine;
 mod entries;
 mod entry;
 mod error;
@@ -349,7 +350,6 @@ mod rng;
 mod settings;
 mod spawn;
 mod stats;
-mod sweep;
 mod sync;
 // The table's items are `pub` for the raw API that the fuzz and loom crates see (`raw`
 // below); in other builds nothing outside the crate can reach them.

@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 use crossbeam_epoch::Owned;
 
 use crate::cache::Cache;
-use crate::clock::OnceNow;
 use crate::entry::{expiry_after, Entry, Kind, NEVER};
 use crate::flight::{Flight, FlightResult, Start};
 use crate::miss::{Begin, ThreadWaits};
@@ -282,15 +281,15 @@ where
         E: Send + Sync + 'static,
         S: Send + Sync + 'static,
     {
-        if self.inner.spawner.is_none() {
+        if self.inner.settings().spawner.is_none() {
             return Err(LoadError::NoSpawner);
         }
         let lead = match self.begin(key, None) {
             Begin::Done(r) => return r,
             Begin::Lead(lead) => lead,
         };
-        let current = lead.flight.serving(|| self.now()).cloned();
-        match (&self.inner.spawner, current) {
+        let current = lead.flight.serving(|| self.inner.now()).cloned();
+        match (&self.inner.settings().spawner, current) {
             (Some(spawn), Some(current)) => {
                 // No thread runs the loader until the job starts: a read of this key on our
                 // thread meanwhile must wait for it, not be taken for re-entry.
@@ -390,12 +389,9 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let pinned = self.inner.domain.pin();
-        let hash = self.inner.hasher.hash_one(key);
-        let current = self
-            .inner
-            .table
-            .get(hash, |k| k.borrow() == key, &pinned.guard);
+        let pinned = self.inner.pin();
+        let hash = self.inner.hash(key);
+        let current = self.inner.find(hash, key, &pinned.guard);
         let Some(Kind::Loading(flight)) = current.map(|n| &n.value.kind) else {
             return false;
         };
@@ -412,11 +408,11 @@ where
         };
         let outcome = self
             .inner
-            .table
             .update_node(hash, is_ours, None, decide, &pinned.guard);
         if let Outcome::Removed(old) = outcome {
             // The policy may still track the write the load replaced.
-            self.forget_in_policy(old.value.pkey, old.value.version);
+            self.inner
+                .forget_in_policy(old.value.pkey, old.value.version);
         }
         // Its waiters look again (one leads a new load) and its permit is back; the detached
         // loader's late result is refused (it lost the claim).
@@ -444,7 +440,7 @@ where
         // Between our claim and our publication nothing may unwind past us (a custom clock,
         // the listener of what the put-back evicts): the waiters would wait for ever.
         let settled = catch_unwind(AssertUnwindSafe(|| self.detach(key, hash, flight)));
-        self.inner.domain.pin().count(Counter::LoadTimeouts);
+        self.inner.pin().count(Counter::LoadTimeouts);
         trace_event!(WARN, "a load ran past its load_timeout and was detached");
         // SAFETY: claimed above, published once.
         unsafe { flight.publish(FlightResult::TimedOut) };
@@ -461,14 +457,14 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let now = self.now();
+        let now = self.inner.now();
         // The value to put back runs user code (`Clone`, the weigher): if it panics, the
         // load is removed instead, so the flight still completes.
         let restore = catch_unwind(AssertUnwindSafe(|| {
             flight.serving(|| now).map(|v| {
                 let key = key.to_owned();
-                let weight = self.weight_of(&key, v);
-                let entry = self.put_back_entry(self.pkey(&key), flight, v.clone());
+                let weight = self.inner.weight_of(&key, v);
+                let entry = self.put_back_entry(self.inner.pkey(&key), flight, v.clone());
                 (Owned::new(Node::new(hash, key, entry)), weight)
             })
         }))
@@ -484,15 +480,16 @@ where
             Some(_) => Decision::Remove,
             None => Decision::Keep,
         };
-        let pinned = self.inner.domain.pin();
+        let pinned = self.inner.pin();
         let is_ours = |n: &Node<K, Entry<V>>| matches!(&n.value.kind, Kind::Loading(f) if Arc::ptr_eq(f, flight));
         let outcome = self
             .inner
-            .table
             .update_node(hash, is_ours, node, decide, &pinned.guard);
         match outcome {
-            Outcome::Replaced(_, new) => self.admit(new, weight, &pinned),
-            Outcome::Removed(old) => self.forget_in_policy(old.value.pkey, old.value.version),
+            Outcome::Replaced(_, new) => self.inner.admit(new, weight, &pinned),
+            Outcome::Removed(old) => self
+                .inner
+                .forget_in_policy(old.value.pkey, old.value.version),
             _ => {}
         }
     }
@@ -502,7 +499,8 @@ where
     /// backs off).
     fn put_back_entry(&self, pkey: u64, flight: &Flight<V>, value: V) -> Entry<V> {
         let (delta, failures) = flight.history();
-        self.ready_entry(pkey, value, flight.stale_valid_until(), delta, failures + 1)
+        self.inner
+            .ready_entry(pkey, value, flight.stale_valid_until(), delta, failures + 1)
     }
 
     /// The value a caller gets in place of a load that did not finish for it: the expired
@@ -514,14 +512,14 @@ where
             return None;
         }
         let v = v.clone();
-        self.inner.domain.pin().count(Counter::StaleServed);
+        self.inner.pin().count(Counter::StaleServed);
         Some(v)
     }
 
     /// Whether a value that expires (or expired) at `expires_at` may still be served as a
     /// fallback now.
     pub(crate) fn within_stale_bound(&self, expires_at: u64) -> bool {
-        self.now() <= expires_at.saturating_add(self.inner.max_stale)
+        self.inner.now() <= expires_at.saturating_add(self.inner.settings().max_stale)
     }
 
     /// The miss path up to the loader, for a thread: a hit, a joined flight, a cached error
@@ -533,7 +531,7 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         E: Send + Sync + 'static,
     {
-        let hash = self.inner.hasher.hash_one(key);
+        let hash = self.inner.hash(key);
         match self.first_look(key, hash) {
             Ok(begin) => begin,
             // A thread's waits block in place: the driver is ready when first polled.
@@ -558,11 +556,8 @@ where
         E: Send + Sync + 'static,
     {
         loop {
-            let pinned = self.inner.domain.pin();
-            let current = self
-                .inner
-                .table
-                .get(hash, |k| k.borrow() == key, &pinned.guard);
+            let pinned = self.inner.pin();
+            let current = self.inner.find(hash, key, &pinned.guard);
             // What a load started now replaces: the previous value with its hard expiry, and
             // the previous entry's load-time estimate and refresh failures.
             let mut replaced: Option<(V, u64)> = None;
@@ -572,16 +567,16 @@ where
             let mut claimed: Option<&RefreshState> = None;
             if let Some(node) = current {
                 let entry = &node.value;
-                let now = OnceNow::new(&self.inner.clock);
+                let now = self.inner.once_now();
                 // A live value, or the value a refresh in progress still serves.
-                if let Some(v) = self.hit(entry, || now.get(), &pinned) {
+                if let Some(v) = self.inner.hit(entry, || now.get(), &pinned) {
                     let Kind::Ready(r) = &entry.kind else {
                         return Step::Done(Ok(v.clone()));
                     };
                     let Some(plan) = r.refresh.as_deref() else {
                         return Step::Done(Ok(v.clone()));
                     };
-                    let due = self.inner.refresh.due(
+                    let due = self.inner.settings().refresh.due(
                         plan,
                         now.get(),
                         r.expires_at,
@@ -629,7 +624,7 @@ where
             }
 
             // Admission control: take a load permit before leading.
-            let permit = match &self.inner.limiter {
+            let permit = match self.inner.limiter() {
                 None => None,
                 Some(limiter) => match held.take().or_else(|| limiter.try_acquire()) {
                     Some(p) => Some(p),
@@ -655,19 +650,20 @@ where
             // with our `Loading` entry. The version comparison, not the address, says
             // "unchanged".
             let seen = current.map(|n| n.value.version);
-            let version = self.next_version();
+            let version = self.inner.next_version();
             let flight = Arc::new(Flight::new(Start {
                 stale: replaced,
                 history,
                 // The permit's lease and the load's deadline end together.
                 deadline: permit.as_ref().and_then(Permit::deadline).or_else(|| {
                     self.inner
+                        .settings()
                         .load_timeout
                         .and_then(|t| Instant::now().checked_add(t))
                 }),
                 permit,
             }));
-            let pkey = self.pkey(key);
+            let pkey = self.inner.pkey(key);
             let loading = Entry::loading(version, pkey, Arc::clone(&flight));
             // Both clones of the key (user code) before the install: once our `Loading` entry
             // is in the table, only the `Lead` (whose drop settles it) may run user code.
@@ -680,7 +676,7 @@ where
                     Decision::Keep
                 }
             };
-            let outcome = self.inner.table.update(
+            let outcome = self.inner.update(
                 hash,
                 |k| k.borrow() == key,
                 Some(node),
@@ -692,11 +688,11 @@ where
                 Outcome::Replaced(old, _) => {
                     // The old value leaves the table (a refresh's still serves from the
                     // flight); the policy tracks the key on until the load ends.
-                    let cause = self.cause_for(&old.value, RemovalCause::Replaced);
+                    let cause = self.inner.cause_for(&old.value, RemovalCause::Replaced);
                     if !refresh && cause == RemovalCause::Expired {
                         pinned.count(Counter::Expirations);
                     }
-                    self.notify(old, cause);
+                    self.inner.notify(old, cause);
                 }
                 // Someone changed the key first: look again, keeping our permit (and our
                 // place in the limiter's queue).
@@ -746,7 +742,7 @@ where
                 Joined::Done(self.fallback(flight).ok_or(LoadError::LoadTimedOut))
             }
             None => {
-                self.inner.domain.pin().count(Counter::Timeouts);
+                self.inner.pin().count(Counter::Timeouts);
                 trace_event!(
                     DEBUG,
                     "a caller's deadline passed while it waited for a load"
@@ -769,13 +765,13 @@ where
             return lead.time_out();
         }
         // Measured with the cache's clock, so a manual clock drives XFetch's delta in tests.
-        let started = lead.cache.now();
+        let started = lead.cache.inner.now();
         #[cfg(feature = "redis")]
-        if let Some(tier) = &lead.cache.inner.shared {
-            let domain = &lead.cache.inner.domain;
-            let count = move |c| domain.pin().count(c);
+        if let Some(tier) = lead.cache.inner.shared() {
+            let count = lead.cache.inner.counting();
             let fetched =
                 tier.load_sync(&lead.key, lead.shared_plan(), &count, || loader(&lead.key));
+            drop(count);
             return Self::conclude_shared(lead, started, fetched);
         }
         let result = loader(&lead.key);
@@ -823,12 +819,8 @@ where
         E: Send + Sync + 'static,
     {
         let cache = lead.cache.clone();
-        let finished = cache.now();
-        cache
-            .inner
-            .domain
-            .pin()
-            .latency(finished.saturating_sub(started));
+        let finished = cache.inner.now();
+        cache.inner.pin().latency(finished.saturating_sub(started));
         trace_event!(
             DEBUG,
             nanos = finished.saturating_sub(started),
@@ -842,7 +834,7 @@ where
                     crate::refresh::next_delta(previous_delta, finished.saturating_sub(started));
                 // User code (the `expire_after` hook) before the table changes, as the
                 // weigher below.
-                let expiry = match cache.ttl_of(&lead.key, &value) {
+                let expiry = match cache.inner.ttl_of(&lead.key, &value) {
                     Some(ttl) => expiry_after(finished, ttl),
                     None => NEVER,
                 };
@@ -857,13 +849,15 @@ where
                         return Ok(value);
                     }
                 };
-                let weight = cache.weight_of(&lead.key, &value);
+                let weight = cache.inner.weight_of(&lead.key, &value);
                 let pkey = lead.pkey;
                 // Every clone (user code) before the table changes: what the waiters get and
                 // what the table holds cannot then part ways on a panic.
                 let for_waiters = value.clone();
                 lead.replace_loading(weight, || {
-                    cache.ready_entry(pkey, value.clone(), expires_at, delta, 0)
+                    cache
+                        .inner
+                        .ready_entry(pkey, value.clone(), expires_at, delta, 0)
                 });
                 lead.finish(FlightResult::Value(for_waiters));
                 Ok(value)
@@ -871,12 +865,12 @@ where
             Err(error) => {
                 let error = Arc::new(error);
                 let erased: Arc<dyn Any + Send + Sync> = error.clone();
-                cache.inner.domain.pin().count(Counter::LoadErrors);
+                cache.inner.pin().count(Counter::LoadErrors);
                 // Stale-if-error: a failed refresh of a still-valid value puts that value
                 // back, with a backoff before the next attempt.
-                if cache.inner.refresh.stale_if_error {
+                if cache.inner.settings().refresh.stale_if_error {
                     if let Some(old) = lead.restore_stale(finished) {
-                        cache.inner.domain.pin().count(Counter::RefreshFailures);
+                        cache.inner.pin().count(Counter::RefreshFailures);
                         trace_event!(
                             WARN,
                             "refresh failed; the current value stays (stale-if-error)"
@@ -884,13 +878,13 @@ where
                         return Ok(old);
                     }
                 }
-                match cache.inner.negative_ttl {
+                match cache.inner.settings().negative_ttl {
                     Some(ttl) => {
                         let expires_at = expiry_after(finished, ttl);
                         let pkey = lead.pkey;
                         let entry = || {
                             Entry::failed(
-                                cache.next_version(),
+                                cache.inner.next_version(),
                                 pkey,
                                 Arc::clone(&erased),
                                 expires_at,
@@ -995,11 +989,11 @@ where
             return false; // detached: the result goes to this leader's caller only
         }
         let cache = &self.cache;
-        let pinned = cache.inner.domain.pin();
+        let pinned = cache.inner.pin();
         let node = Owned::new(Node::new(self.hash, self.key.clone(), make()));
         // Matched by version (unique in the cache), so no `Eq` of the key runs: this also
         // serves the drop path. Only our own entry gets through to `decide`.
-        let outcome = cache.inner.table.update_node(
+        let outcome = cache.inner.update_node(
             self.hash,
             |n| n.value.version == self.version,
             Some(node),
@@ -1012,7 +1006,7 @@ where
         match outcome {
             Outcome::Replaced(_, new) => {
                 pinned.count(Counter::Inserts);
-                cache.admit(new, weight, &pinned);
+                cache.inner.admit(new, weight, &pinned);
                 true
             }
             _ => false,
@@ -1024,10 +1018,15 @@ where
     /// lives, and the load's deadline.
     #[cfg(feature = "redis")]
     pub(crate) fn shared_plan(&self) -> crate::fleet::LoadPlan {
-        let now = self.cache.now();
+        let now = self.cache.inner.now();
         crate::fleet::LoadPlan {
             pkey: self.pkey,
-            ttl: self.cache.inner.time_to_live.map(Duration::from_nanos),
+            ttl: self
+                .cache
+                .inner
+                .settings()
+                .time_to_live
+                .map(Duration::from_nanos),
             refreshing: self
                 .flight
                 .serving(|| now)
@@ -1041,8 +1040,8 @@ where
         if !self.claim() {
             return; // detached: whoever did it settled the slot
         }
-        let pinned = self.cache.inner.domain.pin();
-        let outcome = self.cache.inner.table.update_node(
+        let pinned = self.cache.inner.pin();
+        let outcome = self.cache.inner.update_node(
             self.hash,
             |n| n.value.version == self.version,
             None,
@@ -1054,7 +1053,7 @@ where
         );
         if matches!(outcome, Outcome::Removed(_)) {
             // The policy may still track the write our load replaced.
-            self.cache.forget_in_policy(self.pkey, self.version);
+            self.cache.inner.forget_in_policy(self.pkey, self.version);
         }
     }
 
@@ -1064,7 +1063,7 @@ where
     fn restore_stale(&mut self, now: u64) -> Option<V> {
         let old = self.flight.serving(|| now).cloned()?;
         let cache = self.cache.clone();
-        let weight = cache.weight_of(&self.key, &old);
+        let weight = cache.inner.weight_of(&self.key, &old);
         let (pkey, flight) = (self.pkey, Arc::clone(&self.flight));
         let for_waiters = old.clone();
         self.replace_loading(weight, || cache.put_back_entry(pkey, &flight, old.clone()));
@@ -1112,7 +1111,7 @@ where
     S: BuildHasher,
 {
     fn drop(&mut self) {
-        self.cache.inner.domain.pin().count(Counter::LoadsEnded);
+        self.cache.inner.pin().count(Counter::LoadsEnded);
         if self.finished {
             return;
         }
@@ -1134,8 +1133,8 @@ where
             trace_event!(DEBUG, "a load was cancelled before it finished");
             Counter::LoadsCancelled
         };
-        self.cache.inner.domain.pin().count(counter);
-        let now = self.cache.now();
+        self.cache.inner.pin().count(counter);
+        let now = self.cache.inner.now();
         let restored = catch_unwind(AssertUnwindSafe(|| self.restore_stale(now))).unwrap_or(None);
         if restored.is_none() && !self.finished {
             self.remove_loading();

@@ -137,7 +137,7 @@ where
                     if flight.led_by_current_thread() {
                         return Begin::Done(Err(LoadError::Recursive));
                     }
-                    self.inner.domain.pin().count(Counter::CoalescedWaits);
+                    self.inner.pin().count(Counter::CoalescedWaits);
                     match self.await_flight(key, hash, &flight, waits).await {
                         Joined::Done(r) => return Begin::Done(r),
                         Joined::Retry => continue,
@@ -147,7 +147,7 @@ where
                     // The key may have changed while we waited: look again.
                     Some(p) => held = Some(p),
                     None => {
-                        self.inner.domain.pin().count(Counter::Timeouts);
+                        self.inner.pin().count(Counter::Timeouts);
                         return Begin::Done(Err(LoadError::Timeout));
                     }
                 },

@@ -1,22 +1,17 @@
-//! What happens when an entry leaves the table: the policy forgets it, the counters count it,
-//! and the eviction listener hears about a value that left; and, for a published write, the
-//! policy learns of it and names the victims that make room for it.
+//! Why values leave the cache, and the user's hooks on entries: the weigher, the per-value
+//! time to live, and the eviction listener, which hears of every value that left. (The
+//! bookkeeping of a removal and of an eviction is the engine's, in `engine/admit.rs`.)
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::fmt;
-use std::hash::{BuildHasher, Hash};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cache::Cache;
-use crate::clock::OnceNow;
 use crate::entry::{Entry, Kind};
-use crate::local::Pinned;
-use crate::policy::{Look, Victim, Write};
-use crate::stats::Counter;
-use crate::table::{Decision, Node, Outcome};
+use crate::local::Domain;
+use crate::table::Node;
 
 /// Why a value left the cache, as told to the
 /// [`eviction_listener`](crate::CacheBuilder::eviction_listener).
@@ -45,10 +40,10 @@ pub enum RemovalCause {
     Size,
     /// It had expired (removed when read, replaced by a load, or chosen for eviction).
     Expired,
-    /// Removed by [`invalidate`](Cache::invalidate) or
-    /// [`invalidate_all`](Cache::invalidate_all).
+    /// Removed by [`invalidate`](crate::Cache::invalidate) or
+    /// [`invalidate_all`](crate::Cache::invalidate_all).
     Invalidated,
-    /// Replaced by an [`insert`](Cache::insert) of the same key, or by a load or early
+    /// Replaced by an [`insert`](crate::Cache::insert) of the same key, or by a load or early
     /// refresh of it (the refresh's old value leaves the table when the refresh starts, though
     /// readers keep being served it until the new one arrives).
     Replaced,
@@ -115,22 +110,11 @@ impl<K, V> fmt::Debug for Hooks<K, V> {
     }
 }
 
-impl<K, V, S> Cache<K, V, S>
-where
-    K: Hash + Eq + Send + Sync + 'static,
-    V: Send + Sync + 'static,
-    S: BuildHasher,
-{
-    /// The policy key of `key` (any borrowed form hashes alike).
-    #[inline]
-    pub(crate) fn pkey<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
-        self.inner.pkeys.hash_one(key)
-    }
-
+impl<K, V> Hooks<K, V> {
     /// The weight of a value for `key` (1 without a weigher). Runs user code: call it before
     /// touching the table, so that a panic leaves nothing half done.
     pub(crate) fn weight_of(&self, key: &K, value: &V) -> u64 {
-        match &self.inner.hooks.weigher {
+        match &self.weigher {
             // A weight of 0 counts as 1, so every entry counts against the bound.
             Some(w) => u64::from(w(key, value)).max(1),
             None => 1,
@@ -138,14 +122,15 @@ where
     }
 
     /// The time to live, in nanoseconds, of `value` written now for `key` by an insert or a
-    /// load: the `expire_after` hook's answer, else the cache's `time_to_live` (`None`:
-    /// never expires). Runs user code: call it before touching the table, as `weight_of`.
-    pub(crate) fn ttl_of(&self, key: &K, value: &V) -> Option<u64> {
-        match &self.inner.hooks.expire_after {
+    /// load: the `expire_after` hook's answer, else `default` (the cache's `time_to_live`;
+    /// `None`: never expires). Runs user code: call it before touching the table, as
+    /// `weight_of`.
+    pub(crate) fn ttl_of(&self, key: &K, value: &V, default: Option<u64>) -> Option<u64> {
+        match &self.expire_after {
             Some(f) => f(key, value)
                 .map(crate::clock::duration_to_nanos)
-                .or(self.inner.time_to_live),
-            None => self.inner.time_to_live,
+                .or(default),
+            None => default,
         }
     }
 
@@ -156,13 +141,17 @@ where
     /// writes evicted something) is queued, and run once that listener has returned, so a
     /// listener that writes to the cache cannot recurse without bound. The queued node is
     /// kept alive by a nested pin of this thread's handle.
-    pub(crate) fn notify(&self, node: &Node<K, Entry<V>>, cause: RemovalCause) {
-        let (Some(listen), Kind::Ready(_)) = (&self.inner.hooks.listener, &node.value.kind) else {
+    pub(crate) fn notify(&self, domain: &Domain, node: &Node<K, Entry<V>>, cause: RemovalCause)
+    where
+        K: 'static,
+        V: 'static,
+    {
+        let (Some(listen), Kind::Ready(_)) = (&self.listener, &node.value.kind) else {
             return;
         };
         let nested = LISTENING.try_with(Cell::get).unwrap_or(false);
         if nested {
-            if let Some(guard) = self.inner.domain.pin().into_nested_guard() {
+            if let Some(guard) = domain.pin().into_nested_guard() {
                 let listen = Arc::clone(listen);
                 let node = node as *const Node<K, Entry<V>> as usize;
                 let job: Box<dyn FnOnce()> = Box::new(move || {
@@ -192,119 +181,5 @@ where
             job();
         }
         let _ = LISTENING.try_with(|l| l.set(false));
-    }
-
-    /// `cause`, or `Expired` if the entry had expired.
-    pub(crate) fn cause_for(&self, entry: &Entry<V>, cause: RemovalCause) -> RemovalCause {
-        if entry.is_expired(|| self.now()) {
-            RemovalCause::Expired
-        } else {
-            cause
-        }
-    }
-
-    /// Tells the policy that the table no longer holds `entry` (removed by the caller).
-    pub(crate) fn forget_in_policy(&self, pkey: u64, version: u64) {
-        self.inner.policy.with(pkey, |p| p.remove(pkey, version));
-    }
-
-    /// An entry the caller removed from the table: the policy forgets it, it is counted, and
-    /// the listener hears of its value.
-    pub(crate) fn removed(
-        &self,
-        node: &Node<K, Entry<V>>,
-        cause: RemovalCause,
-        pinned: &Pinned<'_>,
-    ) {
-        let entry = &node.value;
-        // A load in progress too: the policy may still track the write it replaced.
-        self.forget_in_policy(entry.pkey, entry.version);
-        let cause = self.cause_for(entry, cause);
-        match cause {
-            RemovalCause::Expired => pinned.count(Counter::Expirations),
-            RemovalCause::Invalidated if entry.live_value(|| self.now()).is_some() => {
-                pinned.count(Counter::Invalidations)
-            }
-            _ => {}
-        }
-        self.notify(node, cause);
-    }
-
-    /// Tells the policy that the table now holds `node` (just published by the caller, with
-    /// `weight`), and evicts what the policy chooses to stay within capacity.
-    pub(crate) fn admit(&self, node: &Node<K, Entry<V>>, weight: u64, pinned: &Pinned<'_>) {
-        let guard = &pinned.guard;
-        let table = &self.inner.table;
-        // Collected for the listener, which must run outside the lock; without one, nothing
-        // is collected (and nothing allocated).
-        let listening = self.inner.hooks.listener.is_some();
-        let mut evicted: Vec<(&Node<K, Entry<V>>, RemovalCause)> = Vec::new();
-        self.inner
-            .policy
-            .with_scratch(node.value.pkey, |policy, victims| {
-                // Only a write the table still holds is tracked; a later write (or a removal)
-                // reports itself under this lock after us. The node cannot have been freed and
-                // its address reused: our guard has been held since it was published.
-                let current = table.get_node(node.hash, |n| std::ptr::eq(n, node), guard);
-                if !current.is_some_and(|c| std::ptr::eq(c, node)) {
-                    return;
-                }
-                let entry = &node.value;
-                let now = OnceNow::new(&self.inner.clock);
-                // Nodes are matched by the policy key they store, never by hashing or comparing
-                // keys: no user code runs under the policy's lock.
-                let mut probe =
-                    |v: &Victim| match table.get_node(v.hash, |n| n.value.pkey == v.pkey, guard) {
-                        Some(n) => Look {
-                            hits: n.value.policy.take_hits(),
-                            expired: n.value.is_expired(|| now.get()),
-                        },
-                        None => Look::default(),
-                    };
-                let write = Write {
-                    pkey: entry.pkey,
-                    hash: node.hash,
-                    version: entry.version,
-                    weight,
-                };
-                let counters = self.inner.domain.counters();
-                policy.write(write, victims, &mut probe, &|| counters.requests());
-                for v in victims.iter() {
-                    // The victim's write, or an older one it replaced, never a load in progress
-                    // or a newer write (that one reports itself, and the policy tracks it anew).
-                    let outcome = table.update_node(
-                        v.hash,
-                        |n| n.value.pkey == v.pkey,
-                        None,
-                        |cur| match cur {
-                            Some(n) if n.value.is_tracked() && n.value.version <= v.version => {
-                                Decision::Remove
-                            }
-                            _ => Decision::Keep,
-                        },
-                        guard,
-                    );
-                    if let Outcome::Removed(old) = outcome {
-                        let cause = if v.pkey == write.pkey && v.version == write.version {
-                            pinned.count(Counter::Evictions);
-                            RemovalCause::Oversized
-                        } else if old.value.is_expired(|| now.get()) {
-                            pinned.count(Counter::Expirations);
-                            RemovalCause::Expired
-                        } else {
-                            pinned.count(Counter::Evictions);
-                            RemovalCause::Size
-                        };
-                        if listening {
-                            evicted.push((old, cause));
-                        }
-                    }
-                }
-            });
-        // Outside the lock: the listener is user code.
-        for (old, cause) in evicted {
-            self.notify(old, cause);
-        }
-        self.sweep_after_write(pinned);
     }
 }

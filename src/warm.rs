@@ -170,11 +170,7 @@ where
             changed: Condvar::new(),
         });
         let total = shared.keys.len();
-        let permits = self
-            .inner
-            .limiter
-            .as_ref()
-            .map_or(usize::MAX, |l| l.permits());
+        let permits = self.inner.limiter().map_or(usize::MAX, |l| l.permits());
         let workers = concurrency
             .clamp(1, MAX_WARM_CONCURRENCY)
             .min(permits)
@@ -227,7 +223,7 @@ where
             });
             done
         };
-        let timeout = self.inner.load_timeout;
+        let timeout = self.inner.settings().load_timeout;
         let mut finished_count = 0;
         while finished_count < total {
             if inline {
@@ -337,7 +333,7 @@ where
         E: Send + Sync + 'static,
     {
         let run = || {
-            if self.peek_in(key, &self.inner.domain.pin()).is_some() {
+            if self.inner.peek(key, &self.inner.pin()).is_some() {
                 return Outcome::Skipped;
             }
             let load = |k: &K| {

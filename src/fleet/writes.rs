@@ -10,9 +10,7 @@ use super::coherence::{self, Heard, OwnWrite};
 use super::redis_store::Write;
 use super::{Keep, RedisTier, Seen};
 use crate::cache::Cache;
-use crate::removal::RemovalCause;
 use crate::stats::Counter;
-use crate::table::{Decision, Outcome};
 
 /// A write this instance made through the tier, for the check after its local half (it
 /// counts as in progress until dropped).
@@ -91,11 +89,10 @@ where
         pkey: u64,
         value: Option<(&V, Option<u64>)>,
     ) -> Option<Written<'_>> {
-        let tier = self.inner.shared.as_ref()?;
+        let tier = self.inner.shared()?;
         // Our own loads of the key in flight must not install what they read before this.
         let own = tier.coherence().begin_write(pkey);
-        let domain = &self.inner.domain;
-        let count = |c| domain.pin().count(c);
+        let count = self.inner.counting();
         let ttl = value.and_then(|(_, t)| t).map(Duration::from_nanos);
         tier.write(key, pkey, value.map(|(v, _)| (v, ttl)), &count);
         let cap = match tier.keep(None) {
@@ -107,12 +104,11 @@ where
 
     /// The tier's half of `invalidate_all`.
     pub(crate) fn invalidate_all_through(&self) {
-        let Some(tier) = &self.inner.shared else {
+        let Some(tier) = self.inner.shared() else {
             return;
         };
         tier.coherence().heard_all();
-        let domain = &self.inner.domain;
-        let count = |c| domain.pin().count(c);
+        let count = self.inner.counting();
         let message = tier.coherence().message(None);
         tier.sent(tier.sync.invalidate_all(&tier.channel, &message), &count);
     }
@@ -120,58 +116,32 @@ where
     /// After a local install (an insert's, or a load's): drops it if another instance's write
     /// of a key in its slot was heard since `seen`, or the link changed.
     pub(crate) fn recheck(&self, pkey: u64, seen: Seen) {
-        let Some(tier) = &self.inner.shared else {
+        let Some(tier) = self.inner.shared() else {
             return;
         };
-        if tier.coherence().changed_since(seen) && self.drop_local(pkey) {
-            self.inner.domain.pin().count(Counter::SharedStaleDropped);
+        if tier.coherence().changed_since(seen) && self.inner.remove_by_pkey(pkey) {
+            self.inner.pin().count(Counter::SharedStaleDropped);
         }
     }
 
     /// `recheck` for a write made by `write_through`, which also drops the copy if another
     /// write of the key on this instance overlapped it.
     pub(crate) fn recheck_write(&self, written: Written<'_>) {
-        if !written.own.may_keep() && self.drop_local(written.pkey) {
-            self.inner.domain.pin().count(Counter::SharedStaleDropped);
-        }
-    }
-
-    /// Drops the local entry of the key with policy key `pkey` (a value, or a load in
-    /// progress, which is detached), found through the policy: whether there was one.
-    fn drop_local(&self, pkey: u64) -> bool {
-        let Some(hash) = self.inner.policy.with(pkey, |p| p.hash_of(pkey)) else {
-            return false;
-        };
-        let pinned = self.inner.domain.pin();
-        let outcome = self.inner.table.update_node(
-            hash,
-            |n| n.value.pkey == pkey,
-            None,
-            |cur| match cur {
-                Some(_) => Decision::Remove,
-                None => Decision::Keep,
-            },
-            &pinned.guard,
-        );
-        match outcome {
-            Outcome::Removed(node) => {
-                self.removed(node, RemovalCause::Invalidated, &pinned);
-                true
-            }
-            _ => false,
+        if !written.own.may_keep() && self.inner.remove_by_pkey(written.pkey) {
+            self.inner.pin().count(Counter::SharedStaleDropped);
         }
     }
 
     /// What the subscriber heard.
     fn heard(&self, heard: Heard, lag: Duration) {
-        let Some(tier) = &self.inner.shared else {
+        let Some(tier) = self.inner.shared() else {
             return;
         };
-        let shared = self.inner.domain.counters().shared();
+        let shared = self.inner.counters().shared();
         match heard {
             Heard::Key(pkey) => {
                 tier.coherence().heard_key(pkey);
-                if self.drop_local(pkey) {
+                if self.inner.remove_by_pkey(pkey) {
                     shared.bump_shared(Counter::SharedStaleDropped);
                 }
             }
@@ -195,7 +165,7 @@ where
     where
         S: Send + Sync + 'static,
     {
-        let Some(tier) = &self.inner.shared else {
+        let Some(tier) = self.inner.shared() else {
             return;
         };
         let weak = Arc::downgrade(&self.inner);

@@ -1,0 +1,473 @@
+//! The cache's private core. [`Engine`] owns the table, the eviction policy, the clock, the
+//! per-thread counters, the hooks and the settings, and carries out every operation on them;
+//! the public shell (`Cache`, `CacheGuard`, the loading calls, warming, the shared tier) is
+//! written in terms of these operations and never reaches a field, as papaya's `map.rs` is a
+//! shell over its `raw` table.
+//!
+//! - this file: construction, lookups and hits, writes, removals and walks;
+//! - `admit.rs`: what the policy hears of each write and removal, and the evictions it names;
+//! - `sweep.rs`: proactive expiry.
+
+mod admit;
+mod sweep;
+
+use std::borrow::Borrow;
+use std::hash::{BuildHasher, Hash};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crossbeam_epoch::{Guard, Owned};
+use crossbeam_utils::CachePadded;
+
+use crate::clock::OnceNow;
+use crate::entry::Entry;
+use crate::local::{Domain, Pinned};
+use crate::pacing::Limiter;
+use crate::policy::Policy;
+use crate::removal::{Hooks, RemovalCause};
+use crate::settings::Settings;
+use crate::stats::{Counter, CounterRegistry};
+use crate::table::{self, Decision, Node, Outcome, Table};
+
+/// The table's node type: a key with its entry.
+pub(crate) type EntryNode<K, V> = Node<K, Entry<V>>;
+
+/// The state of one cache, behind every handle to it.
+pub(crate) struct Engine<K, V, S> {
+    table: Table<K, Entry<V>>,
+    policy: Policy,
+    /// Hashes keys into policy keys: seeded per cache, independent of the user's hasher.
+    pkeys: foldhash::fast::FixedState,
+    hooks: Hooks<K, V>,
+    hasher: S,
+    settings: Settings,
+    limiter: Option<Arc<Limiter>>,
+    /// Coordinates loads across instances.
+    #[cfg(feature = "redis")]
+    shared: Option<crate::fleet::RedisTier<K, V>>,
+    /// On a line of its own: every write bumps these, and a line shared with what every read
+    /// loads (the table's root, the hasher) would be taken from the readers' cores each time.
+    write_hot: CachePadded<WriteHot>,
+    /// Set (once) when the cache first holds an entry that can expire: from then on, writes
+    /// sweep (see sweep.rs).
+    expiring: AtomicBool,
+    // Dropped last: dropping the domain frees this thread's handle, letting the collector
+    // run the destructors of the entries retired above.
+    domain: Domain,
+}
+
+/// The counters every write advances, together: the second is on a line the first just took.
+#[derive(Default)]
+struct WriteHot {
+    versions: AtomicU64,
+    /// Writes that took their share of the sweep (see sweep.rs).
+    sweep: AtomicUsize,
+}
+
+impl<K, V, S> Engine<K, V, S> {
+    /// The validated settings the cache was built with.
+    #[inline]
+    pub(crate) fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The limiter of concurrent loads (`max_concurrent_loads`), if one is set.
+    pub(crate) fn limiter(&self) -> Option<&Arc<Limiter>> {
+        self.limiter.as_ref()
+    }
+
+    /// The shared tier, if one is set.
+    #[cfg(feature = "redis")]
+    pub(crate) fn shared(&self) -> Option<&crate::fleet::RedisTier<K, V>> {
+        self.shared.as_ref()
+    }
+
+    /// This thread's pin of the cache's epoch, with its counters.
+    #[inline]
+    pub(crate) fn pin(&self) -> Pinned<'_> {
+        self.domain.pin()
+    }
+
+    /// The counters of every thread.
+    pub(crate) fn counters(&self) -> &CounterRegistry {
+        self.domain.counters()
+    }
+
+    /// Counts an event on the calling thread: for code that counts from wherever it runs
+    /// (the shared tier's loads, which may move between threads).
+    #[cfg(feature = "redis")]
+    pub(crate) fn counting(&self) -> impl Fn(Counter) + Send + Sync + '_ {
+        let domain = &self.domain;
+        move |c| domain.pin().count(c)
+    }
+
+    /// The clock's time, in nanoseconds.
+    #[inline]
+    pub(crate) fn now(&self) -> u64 {
+        self.settings.clock.now_nanos()
+    }
+
+    /// A reading of the clock taken at most once, when first asked for.
+    #[inline]
+    pub(crate) fn once_now(&self) -> OnceNow<'_> {
+        OnceNow::new(&self.settings.clock)
+    }
+
+    /// Entries held, including expired ones and loads in progress.
+    pub(crate) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Total weight of the entries the policy tracks.
+    pub(crate) fn weight(&self) -> u64 {
+        self.policy.weight()
+    }
+
+    /// A fresh version, unique within the cache.
+    pub(crate) fn next_version(&self) -> u64 {
+        // Relaxed: versions need uniqueness, which the RMW gives; they order nothing.
+        self.write_hot.versions.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The table's nodes, weakly consistent (see `Table::iter`).
+    pub(crate) fn nodes<'g>(&self, guard: &'g Guard) -> table::Iter<'g, K, Entry<V>> {
+        self.table.iter(guard)
+    }
+
+    /// The write primitive of the miss path: `Table::update`. The caller tells the policy
+    /// of what it published ([`admit`](Self::admit)) or removed
+    /// ([`forget_in_policy`](Self::forget_in_policy)).
+    pub(crate) fn update<'g>(
+        &self,
+        hash: u64,
+        eq: impl FnMut(&K) -> bool,
+        new: Option<Owned<EntryNode<K, V>>>,
+        decide: impl FnMut(Option<&'g EntryNode<K, V>>) -> Decision,
+        guard: &'g Guard,
+    ) -> Outcome<'g, K, Entry<V>> {
+        self.table.update(hash, eq, new, decide, guard)
+    }
+
+    /// As [`update`](Self::update), with nodes matched by `eq` on the node (identity, a
+    /// version, a policy key) instead of by key: `Table::update_node`.
+    pub(crate) fn update_node<'g>(
+        &self,
+        hash: u64,
+        eq: impl FnMut(&EntryNode<K, V>) -> bool,
+        new: Option<Owned<EntryNode<K, V>>>,
+        decide: impl FnMut(Option<&'g EntryNode<K, V>>) -> Decision,
+        guard: &'g Guard,
+    ) -> Outcome<'g, K, Entry<V>> {
+        self.table.update_node(hash, eq, new, decide, guard)
+    }
+}
+
+impl<K, V, S> Engine<K, V, S>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    V: Send + Sync + 'static,
+    S: BuildHasher,
+{
+    /// A cache with `settings`, `hooks` and `hasher` (and a shared tier).
+    pub(crate) fn new(
+        settings: Settings,
+        hooks: Hooks<K, V>,
+        #[cfg(feature = "redis")] shared: Option<crate::fleet::RedisTier<K, V>>,
+        hasher: S,
+    ) -> Result<Self, crate::BuildError> {
+        // Random, unless instances of a fleet must agree on them: the tier's channel names
+        // keys by their policy key.
+        let random = || foldhash::fast::RandomState::default().hash_one(0u64);
+        #[cfg(feature = "redis")]
+        let pkey_seed = shared.as_ref().map_or_else(random, |t| t.pkey_seed());
+        #[cfg(not(feature = "redis"))]
+        let pkey_seed = random();
+        let pkeys = foldhash::fast::FixedState::with_seed(pkey_seed);
+        let seed = pkeys.hash_one(0x5eed_u64);
+        let table = Table::try_with_capacity(settings.initial_capacity).ok_or(
+            crate::BuildError::Invalid {
+                setting: "initial_capacity",
+                reason: "its table cannot be allocated on this machine",
+            },
+        )?;
+        Ok(Engine {
+            table,
+            policy: Policy::new(settings.max_capacity as u64, seed, hooks.weigher.is_some()),
+            pkeys,
+            hooks,
+            hasher,
+            limiter: settings
+                .max_concurrent_loads
+                .map(|n| Arc::new(Limiter::new(n, settings.load_timeout))),
+            #[cfg(feature = "redis")]
+            shared,
+            write_hot: CachePadded::new(WriteHot {
+                versions: AtomicU64::new(1),
+                sweep: AtomicUsize::new(0),
+            }),
+            expiring: AtomicBool::new(
+                settings.time_to_live.is_some()
+                    || settings.time_to_idle.is_some()
+                    || settings.negative_ttl.is_some(),
+            ),
+            settings,
+            domain: Domain::new(),
+        })
+    }
+
+    /// The table hash of `key` (any borrowed form hashes alike).
+    #[inline]
+    pub(crate) fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    /// The policy key of `key` (any borrowed form hashes alike).
+    #[inline]
+    pub(crate) fn pkey<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
+        self.pkeys.hash_one(key)
+    }
+
+    /// The node of `key` (hash `hash`), whatever its state, uncounted.
+    #[inline]
+    pub(crate) fn find<'g, Q>(
+        &self,
+        hash: u64,
+        key: &Q,
+        guard: &'g Guard,
+    ) -> Option<&'g EntryNode<K, V>>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        self.table.get(hash, |k| k.borrow() == key, guard)
+    }
+
+    /// Finds a live value, counting the hit or miss and removing an expired entry found.
+    #[inline(always)]
+    pub(crate) fn lookup<'g, Q>(&self, key: &Q, pinned: &'g Pinned<'_>) -> Option<&'g V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let Some(node) = self.find(self.hash(key), key, &pinned.guard) else {
+            pinned.count(Counter::Misses);
+            return None;
+        };
+        let entry = &node.value;
+        if let Some(value) = self.hit(entry, || self.now(), pinned) {
+            return Some(value);
+        }
+        pinned.count(Counter::Misses);
+        if entry.is_expired(|| self.now()) {
+            self.remove_expired(node, pinned);
+        }
+        None
+    }
+
+    /// The hit path shared by every read (`get`, `pin().get`, the loading calls): `entry`'s
+    /// live value, if it has one, with the hit recorded. The loading calls then look at the
+    /// value's refresh plan; a miss is theirs to count.
+    ///
+    /// `now` reads the clock, if the entry can expire: lazily, and in `get` a second time
+    /// for a `time_to_idle` (a cache without one pays nothing for it on a hit).
+    #[inline(always)]
+    pub(crate) fn hit<'g>(
+        &self,
+        entry: &'g Entry<V>,
+        now: impl Fn() -> u64,
+        pinned: &Pinned<'_>,
+    ) -> Option<&'g V> {
+        let value = entry.live_value(&now)?;
+        // The entry's hit counter and, with a `time_to_idle`, its idle deadline: both test
+        // before set.
+        entry.policy.on_hit();
+        if let Some(units) = self.settings.time_to_idle {
+            entry.policy.used(now(), units);
+        }
+        pinned.count(Counter::Hits);
+        Some(value)
+    }
+
+    /// The live value for `key`, without counting a lookup or touching the policy.
+    pub(crate) fn peek<'g, Q>(&self, key: &Q, pinned: &'g Pinned<'_>) -> Option<&'g V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.find(self.hash(key), key, &pinned.guard)
+            .and_then(|n| n.value.live_value(|| self.now()))
+    }
+
+    #[cold]
+    fn remove_expired(&self, node: &EntryNode<K, V>, pinned: &Pinned<'_>) {
+        self.remove_node(node, RemovalCause::Expired, pinned);
+    }
+
+    /// A ready entry written now, with its refresh plan (`delta`: measured load time;
+    /// `failures`: consecutive failed refreshes behind it).
+    pub(crate) fn ready_entry(
+        &self,
+        pkey: u64,
+        value: V,
+        expires_at: u64,
+        delta: u64,
+        failures: u32,
+    ) -> Entry<V> {
+        // Without a refresh rule or a time to idle: no clock read; with both, one.
+        let now = self.once_now();
+        let refresh = &self.settings.refresh;
+        let refresh = refresh
+            .active()
+            .then(|| Box::new(refresh.state(now.get(), expires_at, delta, failures)));
+        self.note_expiry(expires_at);
+        let entry = Entry::ready(self.next_version(), pkey, value, expires_at, refresh);
+        match self.settings.time_to_idle {
+            Some(units) => entry.with_idle(now.get(), units),
+            None => entry,
+        }
+    }
+
+    /// Writes `value` for `key`, expiring at `expires_at`, replacing any entry of the key,
+    /// and admits it (which may evict others).
+    pub(crate) fn insert(&self, key: K, value: V, expires_at: u64, pinned: &Pinned<'_>) {
+        let hash = self.hash(&key);
+        let weight = self.weight_of(&key, &value);
+        let pkey = self.pkey(&key);
+        let entry = self.ready_entry(pkey, value, expires_at, 0, 0);
+        let node = Owned::new(Node::new(hash, key, entry));
+        let key_ptr: *const K = &node.key;
+        let outcome = self.table.update(
+            hash,
+            // SAFETY: `key_ptr` points into the node's heap allocation, which does not move
+            // when the `Owned` does. While `update` runs the node is either still ours
+            // (handed back and forth across CAS retries) or published, and then it is freed
+            // only after our guard unpins. `update` calls this only before it returns.
+            |k| k == unsafe { &*key_ptr },
+            Some(node),
+            |_| Decision::Put,
+            &pinned.guard,
+        );
+        let new = match outcome {
+            Outcome::Inserted(new) => {
+                pinned.count(Counter::Inserts);
+                new
+            }
+            Outcome::Replaced(old, new) => {
+                pinned.count(Counter::Updates);
+                // The policy tracks the key on: our write supersedes the old one there.
+                let cause = self.cause_for(&old.value, RemovalCause::Replaced);
+                if cause == RemovalCause::Expired {
+                    pinned.count(Counter::Expirations);
+                }
+                self.notify(old, cause);
+                new
+            }
+            Outcome::Removed(_) | Outcome::Kept(..) => unreachable!("Put always stores"),
+        };
+        self.admit(new, weight, pinned);
+    }
+
+    /// Removes `key`'s node (hash `hash`), whatever its state, with the bookkeeping of a
+    /// removal for `cause`: `None` if there was none, else the live value it held, if any,
+    /// judged before the listener ran (readable under the guard).
+    pub(crate) fn remove<'g, Q>(
+        &self,
+        hash: u64,
+        key: &Q,
+        cause: RemovalCause,
+        pinned: &'g Pinned<'_>,
+    ) -> Option<Option<&'g V>>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        let node = self
+            .table
+            .remove(hash, |k| k.borrow() == key, &pinned.guard)?;
+        let live = node.value.live_value(|| self.now());
+        self.removed(node, cause, pinned);
+        Some(live)
+    }
+
+    /// Removes `node` if the table still holds it (not a newer write of its key), with the
+    /// bookkeeping of a removal for `cause`; returns whether it did.
+    pub(crate) fn remove_node(
+        &self,
+        node: &EntryNode<K, V>,
+        cause: RemovalCause,
+        pinned: &Pinned<'_>,
+    ) -> bool {
+        let gone = self.table.remove_node(node, &pinned.guard);
+        if gone {
+            self.removed(node, cause, pinned);
+        }
+        gone
+    }
+
+    /// Removes every entry (detaching loads in progress): how many held a live value.
+    pub(crate) fn clear(&self) -> u64 {
+        let pinned = self.pin();
+        let mut live = 0;
+        for node in self.table.iter(&pinned.guard) {
+            // Read before the removal's bookkeeping, which may run the listener.
+            let was_live = node.value.live_value(|| self.now()).is_some();
+            if self.remove_node(node, RemovalCause::Invalidated, &pinned) {
+                live += u64::from(was_live);
+            }
+        }
+        live
+    }
+
+    /// Removes the entry (or load in progress, detached) of the key with policy key `pkey`,
+    /// found through the policy, as an invalidation: whether there was one.
+    #[cfg(feature = "redis")]
+    pub(crate) fn remove_by_pkey(&self, pkey: u64) -> bool {
+        let Some(hash) = self.policy.with(pkey, |p| p.hash_of(pkey)) else {
+            return false;
+        };
+        let pinned = self.pin();
+        let outcome = self.table.update_node(
+            hash,
+            |n| n.value.pkey == pkey,
+            None,
+            |cur| match cur {
+                Some(_) => Decision::Remove,
+                None => Decision::Keep,
+            },
+            &pinned.guard,
+        );
+        match outcome {
+            Outcome::Removed(node) => {
+                self.removed(node, RemovalCause::Invalidated, &pinned);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The keys of the `n` live entries the policy values most (`hottest`) or least, in that
+    /// order (see `Cache::hottest`).
+    pub(crate) fn ranked_keys(&self, n: usize, hottest: bool) -> Vec<K>
+    where
+        K: Clone,
+    {
+        let pinned = self.pin();
+        let table = &self.table;
+        // As the policy's probe finds nodes: by policy key, no user code under its lock.
+        let pending = |pkey: u64, hash: u64| {
+            table
+                .get_node(hash, |n| n.value.pkey == pkey, &pinned.guard)
+                .map_or(0, |n| u64::from(n.value.policy.pending_hits()))
+        };
+        let ranked = self.policy.ranked(n, hottest, &pending);
+        let now = self.now();
+        ranked
+            .iter()
+            .filter_map(|r| {
+                let node = table.get_node(r.hash, |n| n.value.pkey == r.pkey, &pinned.guard)?;
+                node.value.live_value(|| now)?;
+                Some(node.key.clone())
+            })
+            .collect()
+    }
+}
