@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::cache::Cache;
 use crate::clock::{Clock, SystemClock, TimeSource};
+use crate::engine::Engine;
 use crate::error::BuildError;
 use crate::settings::Settings;
 use crate::DefaultHashBuilder;
@@ -530,7 +531,7 @@ impl<K, V, S> CacheBuilder<K, V, S> {
         S: BuildHasher + Send + Sync + 'static,
     {
         self.shared = Some(tier);
-        self.listen = Some(Cache::listen_to_fleet);
+        self.listen = Some(|cache| cache.inner.listen_to_fleet());
         self
     }
 
@@ -739,13 +740,13 @@ where
                 reason: "must be given after the hasher",
             });
         }
-        let cache = Cache::from_settings(
+        let cache = Cache::from_engine(Engine::new(
             settings,
             self.hooks,
             #[cfg(feature = "redis")]
             self.shared,
             self.hasher,
-        )?;
+        )?);
         #[cfg(feature = "redis")]
         if let Some(listen) = self.listen {
             listen(&cache);

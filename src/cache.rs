@@ -11,8 +11,7 @@ use crate::clock::duration_to_nanos;
 use crate::engine::Engine;
 use crate::entry::{expiry_after, NEVER};
 use crate::local::Pinned;
-use crate::removal::{Hooks, RemovalCause};
-use crate::settings::Settings;
+use crate::removal::RemovalCause;
 use crate::stats::Stats;
 use crate::DefaultHashBuilder;
 
@@ -56,21 +55,11 @@ where
     V: Send + Sync + 'static,
     S: BuildHasher,
 {
-    pub(crate) fn from_settings(
-        settings: Settings,
-        hooks: Hooks<K, V>,
-        #[cfg(feature = "redis")] shared: Option<crate::fleet::RedisTier<K, V>>,
-        hasher: S,
-    ) -> Result<Self, crate::BuildError> {
-        Ok(Cache {
-            inner: Arc::new(Engine::new(
-                settings,
-                hooks,
-                #[cfg(feature = "redis")]
-                shared,
-                hasher,
-            )?),
-        })
+    /// The handle on a newly built engine.
+    pub(crate) fn from_engine(engine: Engine<K, V, S>) -> Self {
+        Cache {
+            inner: Arc::new(engine),
+        }
     }
 
     /// The value for `key`, cloned, if the cache holds one that has not expired.
@@ -196,7 +185,9 @@ where
     /// there first.
     fn insert_for(&self, key: K, value: V, ttl: Option<u64>) {
         #[cfg(feature = "redis")]
-        let written = self.write_through(Some(&key), self.inner.pkey(&key), Some((&value, ttl)));
+        let written =
+            self.inner
+                .write_through(Some(&key), self.inner.pkey(&key), Some((&value, ttl)));
         #[cfg(feature = "redis")]
         let ttl = match written.as_ref().and_then(|w| w.cap) {
             Some(cap) => Some(ttl.map_or(cap, |t| t.min(cap))),
@@ -207,7 +198,7 @@ where
         self.inner.insert(key, value, expires_at, &pinned);
         #[cfg(feature = "redis")]
         if let Some(w) = written {
-            self.recheck_write(w);
+            self.inner.recheck_write(w);
         }
     }
 
@@ -252,7 +243,7 @@ where
     {
         // In progress until the local removal is done (other own writes of the key look).
         #[cfg(feature = "redis")]
-        let _written = self.write_through(None, self.inner.pkey(key), None);
+        let _written = self.inner.write_through(None, self.inner.pkey(key), None);
         let pinned = self.inner.pin();
         let hash = self.inner.hash(key);
         let live = self
@@ -279,7 +270,7 @@ where
     /// ```
     pub fn invalidate_all(&self) {
         #[cfg(feature = "redis")]
-        self.invalidate_all_through();
+        self.inner.invalidate_all_through();
         self.clear_local();
     }
 

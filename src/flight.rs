@@ -34,7 +34,7 @@ use std::any::Any;
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::pacing::Permit;
 use crate::sync::thread::{self, Thread};
@@ -455,6 +455,16 @@ impl<V> Drop for Flight<V> {
             node = waiter.next as *mut Waiter;
         }
     }
+}
+
+/// What the local cache does with a load's value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Keep {
+    /// Cache it, for at most this long (`None`: the cache's own expiry).
+    For(Option<Duration>),
+    /// Give it to the load's waiters only: it raced a write made elsewhere.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    No,
 }
 
 #[cfg(all(test, not(herdcache_loom)))]

@@ -29,8 +29,8 @@ use std::task::{Context, Poll};
 
 use crate::cache::Cache;
 use crate::flight::{Flight, FlightResult, Subscription};
-use crate::load::{Joined, Lead, LoadError};
-use crate::miss::{Begin, Waits};
+use crate::load::{Begin, Joined, Lead, LoadError};
+use crate::miss::Waits;
 use crate::pacing::{Limiter, Permit, Queued};
 use crate::timer::{OrDeadline, Sleep};
 

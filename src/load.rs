@@ -22,8 +22,7 @@ use crossbeam_epoch::Owned;
 
 use crate::cache::Cache;
 use crate::entry::{expiry_after, Entry, Kind, NEVER};
-use crate::flight::{Flight, FlightResult, Start};
-use crate::miss::{Begin, ThreadWaits};
+use crate::flight::{Flight, FlightResult, Keep, Start};
 use crate::pacing::Permit;
 use crate::refresh::RefreshState;
 use crate::removal::RemovalCause;
@@ -522,25 +521,6 @@ where
         self.inner.now() <= expires_at.saturating_add(self.inner.settings().max_stale)
     }
 
-    /// The miss path up to the loader, for a thread: a hit, a joined flight, a cached error
-    /// or a throttled caller end here (`Done`); a caller that wins the install gets the
-    /// `Lead` to run.
-    fn begin<Q, E>(&self, key: &Q, deadline: Option<Instant>) -> Begin<K, V, S, E>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-        E: Send + Sync + 'static,
-    {
-        let hash = self.inner.hash(key);
-        match self.first_look(key, hash) {
-            Ok(begin) => begin,
-            // A thread's waits block in place: the driver is ready when first polled.
-            Err(wait) => {
-                crate::spawn::block_on(self.drive(key, hash, wait, &mut ThreadWaits { deadline }))
-            }
-        }
-    }
-
     /// One look at the key, which never blocks: what the caller does next. `held` is a permit
     /// the caller obtained by waiting (taken if this step leads).
     #[inline]
@@ -803,7 +783,7 @@ where
     {
         let (cache, pkey) = (lead.cache.clone(), lead.pkey);
         let r = Self::conclude_at(lead, started, fetched.result, fetched.keep);
-        cache.recheck(pkey, fetched.seen);
+        cache.inner.recheck(pkey, fetched.seen);
         r
     }
 
@@ -901,14 +881,15 @@ where
     }
 }
 
-/// What the local cache does with a load's value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Keep {
-    /// Cache it, for at most this long (`None`: the cache's own expiry).
-    For(Option<Duration>),
-    /// Give it to the load's waiters only: it raced a write made elsewhere.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    No,
+/// Where the miss path stands before the loader runs.
+pub(crate) enum Begin<K, V, S, E>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+    S: BuildHasher,
+{
+    Done(Result<V, LoadError<E>>),
+    Lead(Lead<K, V, S>),
 }
 
 /// One look at the key ([`Cache::step`]).

@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use crate::cache::Cache;
 use crate::flight::{Flight, FlightResult};
-use crate::load::{Joined, Lead, LoadError, Step};
+use crate::load::{Begin, Joined, LoadError, Step};
 use crate::pacing::{Limiter, Permit};
 use crate::stats::Counter;
 
@@ -39,17 +39,6 @@ pub(crate) trait Waits<V> {
 
     /// Waits for a load permit until the caller's deadline (`None`).
     fn permit(&mut self, limiter: &Arc<Limiter>) -> impl Future<Output = Option<Permit>>;
-}
-
-/// Where the miss path stands before the loader runs.
-pub(crate) enum Begin<K, V, S, E>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    V: Clone + Send + Sync + 'static,
-    S: BuildHasher,
-{
-    Done(Result<V, LoadError<E>>),
-    Lead(Lead<K, V, S>),
 }
 
 /// A thread's waits: it blocks in place (parked) until its deadline.
@@ -81,6 +70,25 @@ where
     V: Clone + Send + Sync + 'static,
     S: BuildHasher,
 {
+    /// The miss path up to the loader, for a thread: a hit, a joined flight, a cached error
+    /// or a throttled caller end here (`Done`); a caller that wins the install gets the
+    /// `Lead` to run.
+    pub(crate) fn begin<Q, E>(&self, key: &Q, deadline: Option<Instant>) -> Begin<K, V, S, E>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        E: Send + Sync + 'static,
+    {
+        let hash = self.inner.hash(key);
+        match self.first_look(key, hash) {
+            Ok(begin) => begin,
+            // A thread's waits block in place: the driver is ready when first polled.
+            Err(wait) => {
+                crate::spawn::block_on(self.drive(key, hash, wait, &mut ThreadWaits { deadline }))
+            }
+        }
+    }
+
     /// The first look at `key`: a hit, a cached error or a won load end the miss path here,
     /// without the driver, whose state machine would cost a hit more than the hit itself;
     /// else the step to `drive` from.

@@ -6,9 +6,13 @@
 //!
 //! - this file: construction, lookups and hits, writes, removals and walks;
 //! - `admit.rs`: what the policy hears of each write and removal, and the evictions it names;
-//! - `sweep.rs`: proactive expiry.
+//! - `sweep.rs`: proactive expiry;
+//! - `fleet.rs` (feature `redis`): writes through the shared tier, and what its subscriber
+//!   hears.
 
 mod admit;
+#[cfg(feature = "redis")]
+mod fleet;
 mod sweep;
 
 use std::borrow::Borrow;

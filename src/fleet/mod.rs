@@ -29,9 +29,9 @@ pub use codec::Json;
 pub use codec::{Codec, CodecError, Raw, Utf8};
 
 use crate::error::BuildError;
-pub(crate) use crate::load::Keep;
+pub(crate) use crate::flight::Keep;
 use crate::stats::Counter;
-pub(crate) use coherence::{Coherence, Seen};
+pub(crate) use coherence::{Coherence, Heard, OwnWrite, Seen};
 use protocol::{Hooks, Keys, Outcome, Plan, StoreError};
 use redis_store::{AsyncStore, SyncStore, TierKeys};
 
@@ -672,7 +672,7 @@ impl<K, V: 'static> RedisTier<K, V> {
 
     /// What the local cache keeps of a value that would live `ttl` (`None`: the cache's
     /// expiry): while the link is down, at most the coherence bound.
-    fn keep(&self, ttl: Option<Duration>) -> Keep {
+    pub(crate) fn keep(&self, ttl: Option<Duration>) -> Keep {
         if self.coherence.link_up() {
             Keep::For(ttl)
         } else {

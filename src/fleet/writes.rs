@@ -1,32 +1,20 @@
-//! The cache's side of fleet coherence: its writes go through the tier, what the subscriber
-//! hears drops local copies, and a load or insert that ran while a write of its key was heard
-//! drops what it installed.
+//! The tier's side of the cache's writes: announcing an insert or an invalidation (of a key,
+//! or of all) to the fleet, and starting the subscriber that hears the others'. What the
+//! cache does with them is the engine's (`engine/fleet.rs`).
 
-use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::coherence::{self, Heard, OwnWrite};
+use super::coherence;
 use super::redis_store::Write;
-use super::{Keep, RedisTier, Seen};
-use crate::cache::Cache;
+use super::RedisTier;
 use crate::stats::Counter;
-
-/// A write this instance made through the tier, for the check after its local half (it
-/// counts as in progress until dropped).
-pub(crate) struct Written<'a> {
-    pkey: u64,
-    own: OwnWrite<'a>,
-    /// The longest the local copy may live (nanoseconds): the coherence bound while the link
-    /// is down.
-    pub(crate) cap: Option<u64>,
-}
 
 impl<K, V: 'static> RedisTier<K, V> {
     /// Announces and applies a write of the key with policy key `pkey` (`value`: an insert's
     /// value and TTL; `None`: an invalidation). A store failure is counted, logged and leaves
     /// the shared copy to its expiry.
-    fn write(
+    pub(crate) fn write(
         &self,
         key: Option<&K>,
         pkey: u64,
@@ -73,115 +61,24 @@ impl<K, V: 'static> RedisTier<K, V> {
             }
         }
     }
-}
 
-impl<K, V, S> Cache<K, V, S>
-where
-    K: Hash + Eq + Send + Sync + 'static,
-    V: Send + Sync + 'static,
-    S: BuildHasher,
-{
-    /// The tier's half of an insert (`value` with its TTL in nanoseconds) or an invalidation
-    /// (`None`) of the key with policy key `pkey`; `None` without a tier.
-    pub(crate) fn write_through(
-        &self,
-        key: Option<&K>,
-        pkey: u64,
-        value: Option<(&V, Option<u64>)>,
-    ) -> Option<Written<'_>> {
-        let tier = self.inner.shared()?;
-        // Our own loads of the key in flight must not install what they read before this.
-        let own = tier.coherence().begin_write(pkey);
-        let count = self.inner.counting();
-        let ttl = value.and_then(|(_, t)| t).map(Duration::from_nanos);
-        tier.write(key, pkey, value.map(|(v, _)| (v, ttl)), &count);
-        let cap = match tier.keep(None) {
-            Keep::For(Some(bound)) => Some(crate::clock::duration_to_nanos(bound)),
-            _ => None,
-        };
-        Some(Written { pkey, own, cap })
+    /// Announces an invalidation of every key (under the tier's prefix) to the fleet.
+    pub(crate) fn announce_invalidate_all(&self, count: &dyn Fn(Counter)) {
+        self.coherence.heard_all();
+        let message = self.coherence.message(None);
+        self.sent(self.sync.invalidate_all(&self.channel, &message), count);
     }
 
-    /// The tier's half of `invalidate_all`.
-    pub(crate) fn invalidate_all_through(&self) {
-        let Some(tier) = self.inner.shared() else {
-            return;
-        };
-        tier.coherence().heard_all();
-        let count = self.inner.counting();
-        let message = tier.coherence().message(None);
-        tier.sent(tier.sync.invalidate_all(&tier.channel, &message), &count);
-    }
-
-    /// After a local install (an insert's, or a load's): drops it if another instance's write
-    /// of a key in its slot was heard since `seen`, or the link changed.
-    pub(crate) fn recheck(&self, pkey: u64, seen: Seen) {
-        let Some(tier) = self.inner.shared() else {
-            return;
-        };
-        if tier.coherence().changed_since(seen) && self.inner.remove_by_pkey(pkey) {
-            self.inner.pin().count(Counter::SharedStaleDropped);
-        }
-    }
-
-    /// `recheck` for a write made by `write_through`, which also drops the copy if another
-    /// write of the key on this instance overlapped it.
-    pub(crate) fn recheck_write(&self, written: Written<'_>) {
-        if !written.own.may_keep() && self.inner.remove_by_pkey(written.pkey) {
-            self.inner.pin().count(Counter::SharedStaleDropped);
-        }
-    }
-
-    /// What the subscriber heard.
-    fn heard(&self, heard: Heard, lag: Duration) {
-        let Some(tier) = self.inner.shared() else {
-            return;
-        };
-        let shared = self.inner.counters().shared();
-        match heard {
-            Heard::Key(pkey) => {
-                tier.coherence().heard_key(pkey);
-                if self.inner.remove_by_pkey(pkey) {
-                    shared.bump_shared(Counter::SharedStaleDropped);
-                }
-            }
-            Heard::All => {
-                tier.coherence().heard_all();
-                shared.add_shared(Counter::SharedStaleDropped, self.clear_local());
-            }
-            Heard::LinkLost => {
-                shared.add_shared(Counter::SharedStaleDropped, self.clear_local());
-                return;
-            }
-            Heard::Quiet => return,
-        }
-        shared.bump_shared(Counter::SharedWritesHeard);
-        shared.add_shared(Counter::SharedBroadcastLagMicros, lag.as_micros() as u64);
-    }
-
-    /// Starts the subscriber thread of this cache's tier; it ends soon after the cache is
-    /// dropped.
-    pub(crate) fn listen_to_fleet(&self)
-    where
-        S: Send + Sync + 'static,
-    {
-        let Some(tier) = self.inner.shared() else {
-            return;
-        };
-        let weak = Arc::downgrade(&self.inner);
+    /// Starts the subscriber thread, which hands what it hears to `heard` until that returns
+    /// false (the cache is gone).
+    pub(crate) fn subscribe(&self, heard: coherence::OnHeard) {
         coherence::subscribe(
-            tier.client.clone(),
-            tier.channel.clone(),
-            Arc::clone(tier.coherence()),
-            tier.op_timeout,
-            tier.retry_after,
-            Box::new(move |heard, lag| match weak.upgrade() {
-                Some(inner) => {
-                    Cache { inner }.heard(heard, lag);
-                    true
-                }
-                None => false,
-            }),
+            self.client.clone(),
+            self.channel.clone(),
+            Arc::clone(&self.coherence),
+            self.op_timeout,
+            self.retry_after,
+            heard,
         );
     }
 }

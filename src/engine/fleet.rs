@@ -1,0 +1,122 @@
+//! The engine's side of fleet coherence (feature `redis`): its writes go through the tier,
+//! what the subscriber hears drops local copies, and a load or insert that ran while a write
+//! of its key was heard drops what it installed.
+
+use std::hash::{BuildHasher, Hash};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Engine;
+use crate::fleet::{Heard, Keep, OwnWrite, Seen};
+use crate::stats::Counter;
+
+/// A write this instance made through the tier, for the check after its local half (it
+/// counts as in progress until dropped).
+pub(crate) struct Written<'a> {
+    pkey: u64,
+    own: OwnWrite<'a>,
+    /// The longest the local copy may live (nanoseconds): the coherence bound while the link
+    /// is down.
+    pub(crate) cap: Option<u64>,
+}
+
+impl<K, V, S> Engine<K, V, S>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    V: Send + Sync + 'static,
+    S: BuildHasher,
+{
+    /// The tier's half of an insert (`value` with its TTL in nanoseconds) or an invalidation
+    /// (`None`) of the key with policy key `pkey`; `None` without a tier.
+    pub(crate) fn write_through(
+        &self,
+        key: Option<&K>,
+        pkey: u64,
+        value: Option<(&V, Option<u64>)>,
+    ) -> Option<Written<'_>> {
+        let tier = self.shared()?;
+        // Our own loads of the key in flight must not install what they read before this.
+        let own = tier.coherence().begin_write(pkey);
+        let count = self.counting();
+        let ttl = value.and_then(|(_, t)| t).map(Duration::from_nanos);
+        tier.write(key, pkey, value.map(|(v, _)| (v, ttl)), &count);
+        let cap = match tier.keep(None) {
+            Keep::For(Some(bound)) => Some(crate::clock::duration_to_nanos(bound)),
+            _ => None,
+        };
+        Some(Written { pkey, own, cap })
+    }
+
+    /// The tier's half of `invalidate_all`.
+    pub(crate) fn invalidate_all_through(&self) {
+        let Some(tier) = self.shared() else {
+            return;
+        };
+        tier.announce_invalidate_all(&self.counting());
+    }
+
+    /// After a local install (an insert's, or a load's): drops it if another instance's write
+    /// of a key in its slot was heard since `seen`, or the link changed.
+    pub(crate) fn recheck(&self, pkey: u64, seen: Seen) {
+        let Some(tier) = self.shared() else {
+            return;
+        };
+        if tier.coherence().changed_since(seen) && self.remove_by_pkey(pkey) {
+            self.pin().count(Counter::SharedStaleDropped);
+        }
+    }
+
+    /// `recheck` for a write made by `write_through`, which also drops the copy if another
+    /// write of the key on this instance overlapped it.
+    pub(crate) fn recheck_write(&self, written: Written<'_>) {
+        if !written.own.may_keep() && self.remove_by_pkey(written.pkey) {
+            self.pin().count(Counter::SharedStaleDropped);
+        }
+    }
+
+    /// What the subscriber heard.
+    fn heard(&self, heard: Heard, lag: Duration) {
+        let Some(tier) = self.shared() else {
+            return;
+        };
+        let shared = self.counters().shared();
+        match heard {
+            Heard::Key(pkey) => {
+                tier.coherence().heard_key(pkey);
+                if self.remove_by_pkey(pkey) {
+                    shared.bump_shared(Counter::SharedStaleDropped);
+                }
+            }
+            Heard::All => {
+                tier.coherence().heard_all();
+                shared.add_shared(Counter::SharedStaleDropped, self.clear());
+            }
+            Heard::LinkLost => {
+                shared.add_shared(Counter::SharedStaleDropped, self.clear());
+                return;
+            }
+            Heard::Quiet => return,
+        }
+        shared.bump_shared(Counter::SharedWritesHeard);
+        shared.add_shared(Counter::SharedBroadcastLagMicros, lag.as_micros() as u64);
+    }
+
+    /// Starts the subscriber thread of this cache's tier; it ends soon after the cache is
+    /// dropped.
+    pub(crate) fn listen_to_fleet(self: &Arc<Self>)
+    where
+        S: Send + Sync + 'static,
+    {
+        let Some(tier) = self.shared() else {
+            return;
+        };
+        let weak = Arc::downgrade(self);
+        tier.subscribe(Box::new(move |heard, lag| match weak.upgrade() {
+            Some(engine) => {
+                engine.heard(heard, lag);
+                true
+            }
+            None => false,
+        }));
+    }
+}
