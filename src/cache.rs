@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use crate::clock::duration_to_nanos;
 use crate::engine::Engine;
-use crate::entry::{expiry_after, NEVER};
 use crate::local::Pinned;
 use crate::removal::RemovalCause;
 use crate::stats::Stats;
@@ -194,8 +193,7 @@ where
             None => ttl,
         };
         let pinned = self.inner.pin();
-        let expires_at = ttl.map_or(NEVER, |t| expiry_after(self.inner.now(), t));
-        self.inner.insert(key, value, expires_at, &pinned);
+        self.inner.insert(key, value, ttl, &pinned);
         #[cfg(feature = "redis")]
         if let Some(w) = written {
             self.inner.recheck_write(w);

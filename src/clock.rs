@@ -247,6 +247,14 @@ impl<'a> OnceNow<'a> {
         }
     }
 
+    /// A reading already taken: `now`.
+    pub(crate) fn at(clock: &'a TimeSource, now: u64) -> Self {
+        OnceNow {
+            clock,
+            now: std::cell::Cell::new(Some(now)),
+        }
+    }
+
     /// Nanoseconds since the clock's origin, as read on the first call.
     pub(crate) fn get(&self) -> u64 {
         match self.now.get() {

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use crossbeam_epoch::Owned;
 
 use crate::cache::Cache;
+use crate::clock::OnceNow;
 use crate::entry::{expiry_after, Entry, Kind, NEVER};
 use crate::flight::{Flight, FlightResult, Keep, Start};
 use crate::pacing::Permit;
@@ -456,14 +457,14 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let now = self.inner.now();
+        let now = self.inner.once_now();
         // The value to put back runs user code (`Clone`, the weigher): if it panics, the
         // load is removed instead, so the flight still completes.
         let restore = catch_unwind(AssertUnwindSafe(|| {
-            flight.serving(|| now).map(|v| {
+            flight.serving(|| now.get()).map(|v| {
                 let key = key.to_owned();
                 let weight = self.inner.weight_of(&key, v);
-                let entry = self.put_back_entry(self.inner.pkey(&key), flight, v.clone());
+                let entry = self.put_back_entry(self.inner.pkey(&key), flight, v.clone(), &now);
                 (Owned::new(Node::new(hash, key, entry)), weight)
             })
         }))
@@ -485,7 +486,7 @@ where
             .inner
             .update_node(hash, is_ours, node, decide, &pinned.guard);
         match outcome {
-            Outcome::Replaced(_, new) => self.inner.admit(new, weight, &pinned),
+            Outcome::Replaced(_, new) => self.inner.admit(new, weight, &now, &pinned),
             Outcome::Removed(old) => self
                 .inner
                 .forget_in_policy(old.value.pkey, old.value.version),
@@ -495,11 +496,18 @@ where
 
     /// The entry that puts back a refresh's still-valid `value` when its load failed or was
     /// detached: its hard expiry as before, one more failure behind it (so the next refresh
-    /// backs off).
-    fn put_back_entry(&self, pkey: u64, flight: &Flight<V>, value: V) -> Entry<V> {
+    /// backs off); written at `now`.
+    fn put_back_entry(
+        &self,
+        pkey: u64,
+        flight: &Flight<V>,
+        value: V,
+        now: &OnceNow<'_>,
+    ) -> Entry<V> {
         let (delta, failures) = flight.history();
+        let until = flight.stale_valid_until();
         self.inner
-            .ready_entry(pkey, value, flight.stale_valid_until(), delta, failures + 1)
+            .ready_entry(pkey, value, until, (delta, failures + 1), now)
     }
 
     /// The value a caller gets in place of a load that did not finish for it: the expired
@@ -668,7 +676,11 @@ where
                 Outcome::Replaced(old, _) => {
                     // The old value leaves the table (a refresh's still serves from the
                     // flight); the policy tracks the key on until the load ends.
-                    let cause = self.inner.cause_for(&old.value, RemovalCause::Replaced);
+                    let cause = self.inner.cause_for(
+                        &old.value,
+                        RemovalCause::Replaced,
+                        &self.inner.once_now(),
+                    );
                     if !refresh && cause == RemovalCause::Expired {
                         pinned.count(Counter::Expirations);
                     }
@@ -799,7 +811,9 @@ where
         E: Send + Sync + 'static,
     {
         let cache = lead.cache.clone();
-        let finished = cache.inner.now();
+        // One reading for the whole publication (see `Engine::once_now`).
+        let now = cache.inner.once_now();
+        let finished = now.get();
         cache.inner.pin().latency(finished.saturating_sub(started));
         trace_event!(
             DEBUG,
@@ -834,10 +848,10 @@ where
                 // Every clone (user code) before the table changes: what the waiters get and
                 // what the table holds cannot then part ways on a panic.
                 let for_waiters = value.clone();
-                lead.replace_loading(weight, || {
+                lead.replace_loading(weight, &now, || {
                     cache
                         .inner
-                        .ready_entry(pkey, value.clone(), expires_at, delta, 0)
+                        .ready_entry(pkey, value.clone(), expires_at, (delta, 0), &now)
                 });
                 lead.finish(FlightResult::Value(for_waiters));
                 Ok(value)
@@ -870,7 +884,7 @@ where
                                 expires_at,
                             )
                         };
-                        lead.replace_loading(1, entry);
+                        lead.replace_loading(1, &now, entry);
                     }
                     None => lead.remove_loading(),
                 }
@@ -965,7 +979,13 @@ where
 
     /// Replaces our `Loading` entry with `make()` if the slot still holds it; returns whether
     /// it did (it did not if an insert, invalidation, forget or time-out came first).
-    fn replace_loading(&mut self, weight: u64, make: impl FnOnce() -> Entry<V>) -> bool {
+    /// `now`: when the write is made.
+    fn replace_loading(
+        &mut self,
+        weight: u64,
+        now: &OnceNow<'_>,
+        make: impl FnOnce() -> Entry<V>,
+    ) -> bool {
         if !self.claim() {
             return false; // detached: the result goes to this leader's caller only
         }
@@ -987,7 +1007,7 @@ where
         match outcome {
             Outcome::Replaced(_, new) => {
                 pinned.count(Counter::Inserts);
-                cache.inner.admit(new, weight, &pinned);
+                cache.inner.admit(new, weight, now, &pinned);
                 true
             }
             _ => false,
@@ -1047,7 +1067,10 @@ where
         let weight = cache.inner.weight_of(&self.key, &old);
         let (pkey, flight) = (self.pkey, Arc::clone(&self.flight));
         let for_waiters = old.clone();
-        self.replace_loading(weight, || cache.put_back_entry(pkey, &flight, old.clone()));
+        let at = cache.inner.once_now_at(now);
+        self.replace_loading(weight, &at, || {
+            cache.put_back_entry(pkey, &flight, old.clone(), &at)
+        });
         self.finish(FlightResult::Value(for_waiters));
         Some(old)
     }

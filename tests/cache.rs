@@ -290,3 +290,63 @@ fn values_dropped_exactly_once_with_many_threads() {
     }
     assert_eq!(drops.load(Ordering::Relaxed), 3 * per_thread as usize);
 }
+
+/// A clock that counts its readings.
+#[derive(Debug, Default, Clone)]
+struct CountingClock {
+    time: ManualClock,
+    reads: Arc<AtomicUsize>,
+}
+
+impl herdcache::Clock for CountingClock {
+    fn now(&self) -> Duration {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        herdcache::Clock::now(&self.time)
+    }
+}
+
+#[test]
+fn a_write_reads_the_clock_at_most_once_and_never_when_nothing_expires() {
+    const CAP: u64 = 100;
+    const WRITES: u64 = 1_000;
+    // Every setting that needs the time on a write: an expiry, a refresh plan, victims with
+    // expiries to look at, and the sweep that expiring entries start.
+    let clock = CountingClock::default();
+    let timed: Cache<u64, u64> = Cache::builder()
+        .max_capacity(CAP)
+        .time_to_live(Duration::from_secs(3600))
+        .refresh_after(Duration::from_secs(1800))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    for k in 0..CAP {
+        timed.insert(k, k);
+    }
+    let before = clock.reads.load(Ordering::Relaxed);
+    // New keys (each evicts one), then rewrites of resident ones.
+    for k in CAP..CAP + WRITES {
+        timed.insert(k, k);
+        timed.insert(k, k + 1);
+    }
+    let reads = clock.reads.load(Ordering::Relaxed) - before;
+    assert!(
+        reads <= 2 * WRITES as usize,
+        "{reads} clock reads for {} writes",
+        2 * WRITES
+    );
+
+    let clock = CountingClock::default();
+    let plain: Cache<u64, u64> = Cache::builder()
+        .max_capacity(CAP)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    for k in 0..CAP + WRITES {
+        plain.insert(k, k);
+    }
+    assert_eq!(
+        clock.reads.load(Ordering::Relaxed),
+        0,
+        "no entry can expire"
+    );
+}

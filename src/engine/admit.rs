@@ -5,6 +5,7 @@
 use std::hash::{BuildHasher, Hash};
 
 use super::{Engine, EntryNode};
+use crate::clock::OnceNow;
 use crate::entry::Entry;
 use crate::local::Pinned;
 use crate::policy::{Look, Victim, Write};
@@ -37,9 +38,14 @@ where
         self.hooks.notify(&self.domain, node, cause);
     }
 
-    /// `cause`, or `Expired` if the entry had expired.
-    pub(crate) fn cause_for(&self, entry: &Entry<V>, cause: RemovalCause) -> RemovalCause {
-        if entry.is_expired(|| self.now()) {
+    /// `cause`, or `Expired` if the entry had expired at `now`.
+    pub(crate) fn cause_for(
+        &self,
+        entry: &Entry<V>,
+        cause: RemovalCause,
+        now: &OnceNow<'_>,
+    ) -> RemovalCause {
+        if entry.is_expired(|| now.get()) {
             RemovalCause::Expired
         } else {
             cause
@@ -57,10 +63,11 @@ where
         let entry = &node.value;
         // A load in progress too: the policy may still track the write it replaced.
         self.forget_in_policy(entry.pkey, entry.version);
-        let cause = self.cause_for(entry, cause);
+        let now = self.once_now();
+        let cause = self.cause_for(entry, cause, &now);
         match cause {
             RemovalCause::Expired => pinned.count(Counter::Expirations),
-            RemovalCause::Invalidated if entry.live_value(|| self.now()).is_some() => {
+            RemovalCause::Invalidated if entry.live_value(|| now.get()).is_some() => {
                 pinned.count(Counter::Invalidations)
             }
             _ => {}
@@ -68,9 +75,15 @@ where
         self.notify(node, cause);
     }
 
-    /// Tells the policy that the table now holds `node` (just published by the caller, with
-    /// `weight`), and evicts what the policy chooses to stay within capacity.
-    pub(crate) fn admit(&self, node: &EntryNode<K, V>, weight: u64, pinned: &Pinned<'_>) {
+    /// Tells the policy that the table now holds `node` (just published by the caller at
+    /// `now`, with `weight`), and evicts what the policy chooses to stay within capacity.
+    pub(crate) fn admit(
+        &self,
+        node: &EntryNode<K, V>,
+        weight: u64,
+        now: &OnceNow<'_>,
+        pinned: &Pinned<'_>,
+    ) {
         let guard = &pinned.guard;
         let table = &self.table;
         // Collected for the listener, which must run outside the lock; without one, nothing
@@ -87,7 +100,6 @@ where
                     return;
                 }
                 let entry = &node.value;
-                let now = self.once_now();
                 // Nodes are matched by the policy key they store, never by hashing or comparing
                 // keys: no user code runs under the policy's lock.
                 let mut probe =
@@ -142,6 +154,6 @@ where
         for (old, cause) in evicted {
             self.notify(old, cause);
         }
-        self.sweep_after_write(pinned);
+        self.sweep_after_write(now, pinned);
     }
 }

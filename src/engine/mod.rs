@@ -24,7 +24,7 @@ use crossbeam_epoch::{Guard, Owned};
 use crossbeam_utils::CachePadded;
 
 use crate::clock::OnceNow;
-use crate::entry::Entry;
+use crate::entry::{expiry_after, Entry, NEVER};
 use crate::local::{Domain, Pinned};
 use crate::pacing::Limiter;
 use crate::policy::Policy;
@@ -111,10 +111,19 @@ impl<K, V, S> Engine<K, V, S> {
         self.settings.clock.now_nanos()
     }
 
-    /// A reading of the clock taken at most once, when first asked for.
+    /// A reading of the clock taken at most once, when first asked for. A write takes one
+    /// for all it does (its expiry, its refresh plan, the replaced entry's cause, the
+    /// admission's looks at victims, its share of the sweep), so that it reads the clock at
+    /// most once, and not at all when nothing it meets can expire.
     #[inline]
     pub(crate) fn once_now(&self) -> OnceNow<'_> {
         OnceNow::new(&self.settings.clock)
+    }
+
+    /// A reading of the clock already taken, at `now`.
+    #[inline]
+    pub(crate) fn once_now_at(&self, now: u64) -> OnceNow<'_> {
+        OnceNow::at(&self.settings.clock, now)
     }
 
     /// Entries held, including expired ones and loads in progress.
@@ -307,18 +316,17 @@ where
         self.remove_node(node, RemovalCause::Expired, pinned);
     }
 
-    /// A ready entry written now, with its refresh plan (`delta`: measured load time;
+    /// A ready entry written at `now`, with its refresh plan (`delta`: measured load time;
     /// `failures`: consecutive failed refreshes behind it).
     pub(crate) fn ready_entry(
         &self,
         pkey: u64,
         value: V,
         expires_at: u64,
-        delta: u64,
-        failures: u32,
+        (delta, failures): (u64, u32),
+        now: &OnceNow<'_>,
     ) -> Entry<V> {
-        // Without a refresh rule or a time to idle: no clock read; with both, one.
-        let now = self.once_now();
+        // Without a refresh rule or a time to idle, the time is not needed.
         let refresh = &self.settings.refresh;
         let refresh = refresh
             .active()
@@ -331,13 +339,15 @@ where
         }
     }
 
-    /// Writes `value` for `key`, expiring at `expires_at`, replacing any entry of the key,
-    /// and admits it (which may evict others).
-    pub(crate) fn insert(&self, key: K, value: V, expires_at: u64, pinned: &Pinned<'_>) {
+    /// Writes `value` for `key`, to live `ttl` nanoseconds (`None`: forever), replacing any
+    /// entry of the key, and admits it (which may evict others).
+    pub(crate) fn insert(&self, key: K, value: V, ttl: Option<u64>, pinned: &Pinned<'_>) {
         let hash = self.hash(&key);
         let weight = self.weight_of(&key, &value);
         let pkey = self.pkey(&key);
-        let entry = self.ready_entry(pkey, value, expires_at, 0, 0);
+        let now = self.once_now();
+        let expires_at = ttl.map_or(NEVER, |t| expiry_after(now.get(), t));
+        let entry = self.ready_entry(pkey, value, expires_at, (0, 0), &now);
         let node = Owned::new(Node::new(hash, key, entry));
         let key_ptr: *const K = &node.key;
         let outcome = self.table.update(
@@ -359,7 +369,7 @@ where
             Outcome::Replaced(old, new) => {
                 pinned.count(Counter::Updates);
                 // The policy tracks the key on: our write supersedes the old one there.
-                let cause = self.cause_for(&old.value, RemovalCause::Replaced);
+                let cause = self.cause_for(&old.value, RemovalCause::Replaced, &now);
                 if cause == RemovalCause::Expired {
                     pinned.count(Counter::Expirations);
                 }
@@ -368,7 +378,7 @@ where
             }
             Outcome::Removed(_) | Outcome::Kept(..) => unreachable!("Put always stores"),
         };
-        self.admit(new, weight, pinned);
+        self.admit(new, weight, &now, pinned);
     }
 
     /// Removes `key`'s node (hash `hash`), whatever its state, with the bookkeeping of a

@@ -7,6 +7,7 @@ use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::Ordering;
 
 use super::{Engine, EntryNode};
+use crate::clock::OnceNow;
 use crate::entry::{Kind, NEVER};
 use crate::local::Pinned;
 use crate::removal::RemovalCause;
@@ -31,7 +32,7 @@ where
     pub(crate) fn purge_expired(&self) -> u64 {
         let pinned = self.pin();
         let nodes = self.table.iter(&pinned.guard);
-        self.remove_expired_among(nodes, 0, &pinned)
+        self.remove_expired_among(nodes, 0, self.now(), &pinned)
     }
 
     /// The number of this write among the writes that sweep.
@@ -43,7 +44,7 @@ where
     /// A write's share of the sweep, if the cache has ever held a value that can expire: one
     /// write in `SWEEP_EVERY` looks at the next `SWEEP_SLOTS` slots. Values stay `max_stale`
     /// past their expiry, as fallbacks.
-    pub(super) fn sweep_after_write(&self, pinned: &Pinned<'_>) {
+    pub(super) fn sweep_after_write(&self, now: &OnceNow<'_>, pinned: &Pinned<'_>) {
         if !self.expiring.load(Ordering::Relaxed) {
             return;
         }
@@ -53,7 +54,7 @@ where
         }
         let start = (write / SWEEP_EVERY).wrapping_mul(SWEEP_SLOTS);
         let nodes = self.table.iter_slots(start, SWEEP_SLOTS, &pinned.guard);
-        self.remove_expired_among(nodes, self.settings.max_stale, pinned);
+        self.remove_expired_among(nodes, self.settings.max_stale, now.get(), pinned);
     }
 
     /// Notes that an entry expiring at `expires_at` is being written: from the first one,
@@ -71,9 +72,9 @@ where
         &self,
         nodes: impl Iterator<Item = &'g EntryNode<K, V>>,
         grace: u64,
+        now: u64,
         pinned: &'g Pinned<'_>,
     ) -> u64 {
-        let now = self.now();
         let mut removed = 0;
         for node in nodes {
             let gone = match &node.value.kind {
