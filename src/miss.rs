@@ -7,7 +7,8 @@
 //! blocks in place ([`ThreadWaits`], whose futures are ready when first polled, so
 //! [`block_on`](crate::spawn::block_on) runs the driver in one poll), and a future yields to
 //! its executor (`FutureWaits` in `future.rs`). What the leader then does with its load
-//! (run it inline, hand it to the spawner) is the caller's.
+//! (run it inline, hand it to the spawner) is the caller's. A thread enters the driver
+//! through `begin`, here; a future through `future.rs`.
 
 use std::borrow::Borrow;
 use std::future::Future;
