@@ -247,12 +247,10 @@ impl<'a> OnceNow<'a> {
         }
     }
 
-    /// A reading already taken: `now`.
-    pub(crate) fn at(clock: &'a TimeSource, now: u64) -> Self {
-        OnceNow {
-            clock,
-            now: std::cell::Cell::new(Some(now)),
-        }
+    /// Forgets the reading: user code ran since it was taken (a listener, a hook), which
+    /// may have taken any time, so the next use reads the clock again.
+    pub(crate) fn renew(&self) {
+        self.now.set(None);
     }
 
     /// Nanoseconds since the clock's origin, as read on the first call.

@@ -457,14 +457,16 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let now = self.inner.once_now();
+        let now = self.inner.now();
+        // The put-back's own reading, taken when first needed: after the user code below.
+        let at = self.inner.once_now();
         // The value to put back runs user code (`Clone`, the weigher): if it panics, the
         // load is removed instead, so the flight still completes.
         let restore = catch_unwind(AssertUnwindSafe(|| {
-            flight.serving(|| now.get()).map(|v| {
+            flight.serving(|| now).map(|v| {
                 let key = key.to_owned();
                 let weight = self.inner.weight_of(&key, v);
-                let entry = self.put_back_entry(self.inner.pkey(&key), flight, v.clone(), &now);
+                let entry = self.put_back_entry(self.inner.pkey(&key), flight, v.clone(), &at);
                 (Owned::new(Node::new(hash, key, entry)), weight)
             })
         }))
@@ -486,7 +488,7 @@ where
             .inner
             .update_node(hash, is_ours, node, decide, &pinned.guard);
         match outcome {
-            Outcome::Replaced(_, new) => self.inner.admit(new, weight, &now, &pinned),
+            Outcome::Replaced(_, new) => self.inner.admit(new, weight, &at, &pinned),
             Outcome::Removed(old) => self
                 .inner
                 .forget_in_policy(old.value.pkey, old.value.version),
@@ -811,9 +813,10 @@ where
         E: Send + Sync + 'static,
     {
         let cache = lead.cache.clone();
-        // One reading for the whole publication (see `Engine::once_now`).
+        let finished = cache.inner.now();
+        // The publication's reading (see `Engine::once_now`), taken when first needed: after
+        // the user code below (the hooks, `Clone`), which may take any time.
         let now = cache.inner.once_now();
-        let finished = now.get();
         cache.inner.pin().latency(finished.saturating_sub(started));
         trace_event!(
             DEBUG,
@@ -1067,7 +1070,8 @@ where
         let weight = cache.inner.weight_of(&self.key, &old);
         let (pkey, flight) = (self.pkey, Arc::clone(&self.flight));
         let for_waiters = old.clone();
-        let at = cache.inner.once_now_at(now);
+        // Taken when first needed, after the `Clone` in the closure.
+        let at = cache.inner.once_now();
         self.replace_loading(weight, &at, || {
             cache.put_back_entry(pkey, &flight, old.clone(), &at)
         });

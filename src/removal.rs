@@ -141,13 +141,20 @@ impl<K, V> Hooks<K, V> {
     /// writes evicted something) is queued, and run once that listener has returned, so a
     /// listener that writes to the cache cannot recurse without bound. The queued node is
     /// kept alive by a nested pin of this thread's handle.
-    pub(crate) fn notify(&self, domain: &Domain, node: &Node<K, Entry<V>>, cause: RemovalCause)
+    ///
+    /// Returns whether a listener ran here (user code, which may have taken any time).
+    pub(crate) fn notify(
+        &self,
+        domain: &Domain,
+        node: &Node<K, Entry<V>>,
+        cause: RemovalCause,
+    ) -> bool
     where
         K: 'static,
         V: 'static,
     {
         let (Some(listen), Kind::Ready(_)) = (&self.listener, &node.value.kind) else {
-            return;
+            return false;
         };
         let nested = LISTENING.try_with(Cell::get).unwrap_or(false);
         if nested {
@@ -162,12 +169,12 @@ impl<K, V> Hooks<K, V> {
                     drop(guard);
                 });
                 if QUEUED.try_with(|q| q.borrow_mut().push_back(job)).is_ok() {
-                    return;
+                    return false;
                 }
             }
             // No thread-local handle or storage (thread teardown): call it now.
             call_listener(listen, node, cause);
-            return;
+            return true;
         }
         let _ = LISTENING.try_with(|l| l.set(true));
         call_listener(listen, node, cause);
@@ -181,5 +188,6 @@ impl<K, V> Hooks<K, V> {
             job();
         }
         let _ = LISTENING.try_with(|l| l.set(false));
+        true
     }
 }

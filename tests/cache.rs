@@ -350,3 +350,53 @@ fn a_write_reads_the_clock_at_most_once_and_never_when_nothing_expires() {
         "no entry can expire"
     );
 }
+
+#[test]
+fn an_eviction_made_after_a_listener_ran_judges_expiry_by_the_time_after_it() {
+    // A full cache (100 entries weighing 1); rewriting one of them heavier evicts another.
+    // The listener hears the old value replaced first, and takes 11 s (a manual clock moved
+    // on), past every entry's time to live: the victim leaves as expired, not for size.
+    let clock = ManualClock::new();
+    let causes = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (heard, moved) = (Arc::clone(&causes), clock.clone());
+    let c: Cache<u32, u32> = Cache::builder()
+        .max_capacity(100)
+        .time_to_live(Duration::from_secs(10))
+        .weigher(|_k: &u32, v: &u32| *v)
+        .clock(clock.clone())
+        .eviction_listener(move |_k: &u32, _v: &u32, cause| {
+            if cause == herdcache::RemovalCause::Replaced {
+                moved.advance(Duration::from_secs(11));
+            }
+            heard.lock().unwrap().push(cause);
+        })
+        .build()
+        .unwrap();
+    for k in 0..100 {
+        c.insert(k, 1);
+    }
+    assert!(causes.lock().unwrap().is_empty(), "the fill evicted nothing");
+    c.insert(0, 2);
+    use herdcache::RemovalCause::{Expired, Replaced};
+    assert_eq!(*causes.lock().unwrap(), [Replaced, Expired]);
+}
+
+#[test]
+fn a_loaded_value_idles_from_when_it_is_written_not_from_when_its_load_returned() {
+    // The weigher runs between the load's return and the write, and here it takes 2 s of a
+    // 1 s time to idle: the value written must still be fresh for the next read.
+    let clock = ManualClock::new();
+    let slow = clock.clone();
+    let c: Cache<u32, u32> = Cache::builder()
+        .max_capacity(10)
+        .time_to_idle(Duration::from_secs(1))
+        .weigher(move |_k: &u32, _v: &u32| {
+            slow.advance(Duration::from_secs(2));
+            1
+        })
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    assert_eq!(c.get_with(&1, |_| 10), 10);
+    assert_eq!(c.get(&1), Some(10), "the value idled out before anyone could read it");
+}

@@ -33,9 +33,10 @@ where
         self.hooks.ttl_of(key, value, self.settings.time_to_live)
     }
 
-    /// Tells the listener that `node`'s value left the cache (see `Hooks::notify`).
-    pub(crate) fn notify(&self, node: &EntryNode<K, V>, cause: RemovalCause) {
-        self.hooks.notify(&self.domain, node, cause);
+    /// Tells the listener that `node`'s value left the cache (see `Hooks::notify`): whether
+    /// it ran.
+    pub(crate) fn notify(&self, node: &EntryNode<K, V>, cause: RemovalCause) -> bool {
+        self.hooks.notify(&self.domain, node, cause)
     }
 
     /// `cause`, or `Expired` if the entry had expired at `now`.
@@ -64,7 +65,11 @@ where
         // A load in progress too: the policy may still track the write it replaced.
         self.forget_in_policy(entry.pkey, entry.version);
         let now = self.once_now();
-        let cause = self.cause_for(entry, cause, &now);
+        // What the caller removed as expired needs no second look (nor a clock reading).
+        let cause = match cause {
+            RemovalCause::Expired => cause,
+            _ => self.cause_for(entry, cause, &now),
+        };
         match cause {
             RemovalCause::Expired => pinned.count(Counter::Expirations),
             RemovalCause::Invalidated if entry.live_value(|| now.get()).is_some() => {
@@ -150,7 +155,11 @@ where
                     }
                 }
             });
-        // Outside the lock: the listener is user code.
+        // Outside the lock: the listener is user code. (After it, the sweep reads the clock
+        // again.)
+        if !evicted.is_empty() {
+            now.renew();
+        }
         for (old, cause) in evicted {
             self.notify(old, cause);
         }

@@ -114,16 +114,11 @@ impl<K, V, S> Engine<K, V, S> {
     /// A reading of the clock taken at most once, when first asked for. A write takes one
     /// for all it does (its expiry, its refresh plan, the replaced entry's cause, the
     /// admission's looks at victims, its share of the sweep), so that it reads the clock at
-    /// most once, and not at all when nothing it meets can expire.
+    /// most once, and not at all when nothing it meets can expire; user code that runs in
+    /// between (a listener) makes it read again after (`OnceNow::renew`).
     #[inline]
     pub(crate) fn once_now(&self) -> OnceNow<'_> {
         OnceNow::new(&self.settings.clock)
-    }
-
-    /// A reading of the clock already taken, at `now`.
-    #[inline]
-    pub(crate) fn once_now_at(&self, now: u64) -> OnceNow<'_> {
-        OnceNow::at(&self.settings.clock, now)
     }
 
     /// Entries held, including expired ones and loads in progress.
@@ -373,7 +368,9 @@ where
                 if cause == RemovalCause::Expired {
                     pinned.count(Counter::Expirations);
                 }
-                self.notify(old, cause);
+                if self.notify(old, cause) {
+                    now.renew();
+                }
                 new
             }
             Outcome::Removed(_) | Outcome::Kept(..) => unreachable!("Put always stores"),
