@@ -7,8 +7,9 @@
 //!
 //! # Consistency
 //! - A slot only moves forward: empty, live (replaced in place by nodes of the same key),
-//!   tombstone, and finally frozen by a migration. A slot is claimed by one key for the life
-//!   of its array; tombstones are never reused in place, only dropped by a migration.
+//!   tombstone. A migration freezes the empty and live ones; a tombstone is final without it.
+//!   A slot is claimed by one key for the life of its array; tombstones are never reused in
+//!   place, only dropped by a migration.
 //! - Insertion claims the first empty slot of the key's probe sequence (CAS on the pointer,
 //!   then the tag byte is stored), and lookups stop at the first unclaimed slot: an empty tag
 //!   whose pointer is null. A claimed slot whose tag is not yet stored is examined like a tag
@@ -18,9 +19,9 @@
 //! - Migration (grow, shrink, or same-size rehash to drop tombstones): a writer that finds the
 //!   array too full allocates the next array and links it; every writer that sees the link
 //!   helps copy chunks of slots (freezing each slot first, except tombstones, which are
-//!   final) and waits until the copy is complete before writing to the next array. Readers never wait: a frozen slot still holds
-//!   a readable node, and it is the current one for its key until the copy is complete, since
-//!   no writer touches the next array before then.
+//!   final) and waits until the copy is complete before writing to the next array. Readers
+//!   never wait: a frozen slot still holds a readable node, and it is the current one for
+//!   its key until the copy is complete, since no writer touches the next array before then.
 //!
 //! # Progress
 //! Lookups are wait-free apart from following completed migrations. Writes are lock-free
@@ -490,7 +491,7 @@ impl<K, V> Table<K, V> {
                     found[live].0 = p.with_tag(0);
                     live += 1;
                 }
-                // Empty or tombstone: nothing to carry over.
+                // Empty (frozen now): nothing to carry over.
             }
             for (p, hash) in &mut found[..live] {
                 // SAFETY: read from a live slot under `guard`, so not reclaimed before the
