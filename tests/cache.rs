@@ -375,7 +375,10 @@ fn an_eviction_made_after_a_listener_ran_judges_expiry_by_the_time_after_it() {
     for k in 0..100 {
         c.insert(k, 1);
     }
-    assert!(causes.lock().unwrap().is_empty(), "the fill evicted nothing");
+    assert!(
+        causes.lock().unwrap().is_empty(),
+        "the fill evicted nothing"
+    );
     c.insert(0, 2);
     use herdcache::RemovalCause::{Expired, Replaced};
     assert_eq!(*causes.lock().unwrap(), [Replaced, Expired]);
@@ -398,5 +401,9 @@ fn a_loaded_value_idles_from_when_it_is_written_not_from_when_its_load_returned(
         .build()
         .unwrap();
     assert_eq!(c.get_with(&1, |_| 10), 10);
-    assert_eq!(c.get(&1), Some(10), "the value idled out before anyone could read it");
+    assert_eq!(
+        c.get(&1),
+        Some(10),
+        "the value idled out before anyone could read it"
+    );
 }
