@@ -561,10 +561,10 @@ where
                 // A live value, or the value a refresh in progress still serves.
                 if let Some(v) = self.inner.hit(entry, || now.get(), &pinned) {
                     let Kind::Ready(r) = &entry.kind else {
-                        return Step::Done(Ok(v.clone()));
+                        return Step::Begin(Begin::Done(Ok(v.clone())));
                     };
                     let Some(plan) = r.refresh.as_deref() else {
-                        return Step::Done(Ok(v.clone()));
+                        return Step::Begin(Begin::Done(Ok(v.clone())));
                     };
                     let due = self.inner.settings().refresh.due(
                         plan,
@@ -573,7 +573,7 @@ where
                         crate::rng::unit_open_closed,
                     );
                     if !due || !plan.try_claim() {
-                        return Step::Done(Ok(v.clone()));
+                        return Step::Begin(Begin::Done(Ok(v.clone())));
                     }
                     claimed = Some(plan);
                 }
@@ -602,7 +602,7 @@ where
                         if !entry.is_expired(|| now.get()) {
                             if let Some(e) = downcast::<E>(error) {
                                 pinned.count(Counter::Misses);
-                                return Step::Done(Err(LoadError::Failed(e)));
+                                return Step::Begin(Begin::Done(Err(LoadError::Failed(e))));
                             }
                         }
                     }
@@ -628,7 +628,7 @@ where
                         if let Some((stale, expires_at)) = replaced {
                             if self.within_stale_bound(expires_at) {
                                 pinned.count(Counter::StaleServed);
-                                return Step::Done(Ok(stale));
+                                return Step::Begin(Begin::Done(Ok(stale)));
                             }
                         }
                         return Step::Throttled(Arc::clone(limiter));
@@ -702,7 +702,7 @@ where
             // Never hold a pin across user code that may take long: it would hold back
             // reclamation for every thread.
             drop(pinned);
-            return Step::Lead(Lead {
+            return Step::Begin(Begin::Lead(Lead {
                 cache: self.clone(),
                 key: lead_key,
                 hash,
@@ -712,7 +712,7 @@ where
                 claimed: false,
                 finished: false,
                 panicked: AtomicBool::new(false),
-            });
+            }));
         }
     }
 
@@ -905,7 +905,9 @@ where
     V: Clone + Send + Sync + 'static,
     S: BuildHasher,
 {
+    /// Answered: a hit, a cached error, or a throttled caller served a stale value.
     Done(Result<V, LoadError<E>>),
+    /// This caller leads a load.
     Lead(Lead<K, V, S>),
 }
 
@@ -916,10 +918,8 @@ where
     V: Clone + Send + Sync + 'static,
     S: BuildHasher,
 {
-    /// Answered: a hit, a cached error, or a throttled caller served a stale value.
-    Done(Result<V, LoadError<E>>),
-    /// This caller leads a load.
-    Lead(Lead<K, V, S>),
+    /// The miss path ends here: answered, or this caller leads.
+    Begin(Begin<K, V, S, E>),
     /// Another caller's load is in progress: wait on its flight, then look again if told to.
     Wait(Arc<Flight<V>>),
     /// No load permit is free and there is no value to serve: wait for a permit, then look

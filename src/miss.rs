@@ -106,8 +106,7 @@ where
         E: Send + Sync + 'static,
     {
         match self.step(key, hash, &mut None) {
-            Step::Done(r) => Ok(Begin::Done(r)),
-            Step::Lead(lead) => Ok(Begin::Lead(lead)),
+            Step::Begin(begin) => Ok(begin),
             wait => Err(wait),
         }
     }
@@ -136,8 +135,7 @@ where
                 None => self.step(key, hash, &mut held),
             };
             match step {
-                Step::Done(r) => return Begin::Done(r),
-                Step::Lead(lead) => return Begin::Lead(lead),
+                Step::Begin(begin) => return begin,
                 Step::Wait(flight) => {
                     // A permit we waited for is of no use while another caller loads.
                     held = None;
