@@ -26,9 +26,8 @@ use crate::entry::{expiry_after, Entry, Kind, NEVER};
 use crate::flight::{Flight, FlightResult, Keep, Start};
 use crate::pacing::Permit;
 use crate::refresh::RefreshState;
-use crate::removal::RemovalCause;
 use crate::stats::Counter;
-use crate::table::{Decision, Node, Outcome};
+use crate::table::Node;
 use crate::trace::trace_event;
 
 /// Why [`Cache::get_or_load`] returned no value.
@@ -401,19 +400,8 @@ where
             return false;
         }
         let flight = Arc::clone(flight);
-        let is_ours = |n: &Node<K, Entry<V>>| matches!(&n.value.kind, Kind::Loading(f) if Arc::ptr_eq(f, &flight));
-        let decide = |cur: Option<&Node<K, Entry<V>>>| match cur {
-            Some(_) => Decision::Remove,
-            None => Decision::Keep,
-        };
-        let outcome = self
-            .inner
-            .update_node(hash, is_ours, None, decide, &pinned.guard);
-        if let Outcome::Removed(old) = outcome {
-            // The policy may still track the write the load replaced.
-            self.inner
-                .forget_in_policy(old.value.pkey, old.value.version);
-        }
+        self.inner
+            .end_load(hash, &flight, None, &self.inner.once_now(), &pinned);
         // Its waiters look again (one leads a new load) and its permit is back; the detached
         // loader's late result is refused (it lost the claim).
         // SAFETY: claimed above, published once.
@@ -471,29 +459,8 @@ where
             })
         }))
         .unwrap_or(None);
-        let (node, weight) = match restore {
-            Some((n, w)) => (Some(n), w),
-            None => (None, 0),
-        };
-        let restoring = node.is_some();
-        // `is_ours` lets only the flight's own entry through.
-        let decide = |cur: Option<&Node<K, Entry<V>>>| match cur {
-            Some(_) if restoring => Decision::Put,
-            Some(_) => Decision::Remove,
-            None => Decision::Keep,
-        };
         let pinned = self.inner.pin();
-        let is_ours = |n: &Node<K, Entry<V>>| matches!(&n.value.kind, Kind::Loading(f) if Arc::ptr_eq(f, flight));
-        let outcome = self
-            .inner
-            .update_node(hash, is_ours, node, decide, &pinned.guard);
-        match outcome {
-            Outcome::Replaced(_, new) => self.inner.admit(new, weight, &at, &pinned),
-            Outcome::Removed(old) => self
-                .inner
-                .forget_in_policy(old.value.pkey, old.value.version),
-            _ => {}
-        }
+        self.inner.end_load(hash, flight, restore, &at, &pinned);
     }
 
     /// The entry that puts back a refresh's still-valid `value` when its load failed or was
@@ -659,41 +626,14 @@ where
             // is in the table, only the `Lead` (whose drop settles it) may run user code.
             let node = Owned::new(Node::new(hash, key.to_owned(), loading));
             let lead_key = key.to_owned();
-            let decide = |cur: Option<&Node<K, Entry<V>>>| {
-                if cur.map(|n| n.value.version) == seen {
-                    Decision::Put
-                } else {
-                    Decision::Keep
-                }
-            };
-            let outcome = self.inner.update(
-                hash,
-                |k| k.borrow() == key,
-                Some(node),
-                decide,
-                &pinned.guard,
-            );
-            match outcome {
-                Outcome::Inserted(_) => {}
-                Outcome::Replaced(old, _) => {
-                    // The old value leaves the table (a refresh's still serves from the
-                    // flight); the policy tracks the key on until the load ends.
-                    let cause = self.inner.cause_for(
-                        &old.value,
-                        RemovalCause::Replaced,
-                        &self.inner.once_now(),
-                    );
-                    if !refresh && cause == RemovalCause::Expired {
-                        pinned.count(Counter::Expirations);
-                    }
-                    self.inner.notify(old, cause);
-                }
+            if !self
+                .inner
+                .install_load(hash, key, node, seen, refresh, &pinned)
+            {
                 // Someone changed the key first: look again, keeping our permit (and our
                 // place in the limiter's queue).
-                _ => {
-                    *held = flight.take_permit();
-                    continue;
-                }
+                *held = flight.take_permit();
+                continue;
             }
             pinned.count(Counter::Loads);
             if refresh {
@@ -707,7 +647,6 @@ where
                 key: lead_key,
                 hash,
                 pkey,
-                version,
                 flight,
                 claimed: false,
                 finished: false,
@@ -940,8 +879,7 @@ where
     pub(crate) key: K,
     hash: u64,
     pkey: u64,
-    /// The version of our `Loading` entry.
-    version: u64,
+    /// Our `Loading` entry is the one that holds this flight.
     pub(crate) flight: Arc<Flight<V>>,
     /// Whether we won the flight's completion claim (see `Flight::claim`).
     claimed: bool,
@@ -995,26 +933,14 @@ where
         let cache = &self.cache;
         let pinned = cache.inner.pin();
         let node = Owned::new(Node::new(self.hash, self.key.clone(), make()));
-        // Matched by version (unique in the cache), so no `Eq` of the key runs: this also
-        // serves the drop path. Only our own entry gets through to `decide`.
-        let outcome = cache.inner.update_node(
-            self.hash,
-            |n| n.value.version == self.version,
-            Some(node),
-            |cur| match cur {
-                Some(_) => Decision::Put,
-                None => Decision::Keep,
-            },
-            &pinned.guard,
-        );
-        match outcome {
-            Outcome::Replaced(_, new) => {
-                pinned.count(Counter::Inserts);
-                cache.inner.admit(new, weight, now, &pinned);
-                true
-            }
-            _ => false,
+        let replaced =
+            cache
+                .inner
+                .end_load(self.hash, &self.flight, Some((node, weight)), now, &pinned);
+        if replaced {
+            pinned.count(Counter::Inserts);
         }
+        replaced
     }
 
     /// What the shared tier needs to know about this load: the key's policy key, the TTL to
@@ -1045,20 +971,9 @@ where
             return; // detached: whoever did it settled the slot
         }
         let pinned = self.cache.inner.pin();
-        let outcome = self.cache.inner.update_node(
-            self.hash,
-            |n| n.value.version == self.version,
-            None,
-            |cur| match cur {
-                Some(_) => Decision::Remove,
-                None => Decision::Keep,
-            },
-            &pinned.guard,
-        );
-        if matches!(outcome, Outcome::Removed(_)) {
-            // The policy may still track the write our load replaced.
-            self.cache.inner.forget_in_policy(self.pkey, self.version);
-        }
+        // The policy may still track the write our load replaced: `end_load` tells it.
+        let inner = &self.cache.inner;
+        inner.end_load(self.hash, &self.flight, None, &inner.once_now(), &pinned);
     }
 
     /// If the flight still serves a valid value (a refresh), puts it back with one more

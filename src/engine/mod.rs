@@ -4,7 +4,8 @@
 //! written in terms of these operations and never reaches a field, as papaya's `map.rs` is a
 //! shell over its `raw` table.
 //!
-//! - this file: construction, lookups and hits, writes, removals and walks;
+//! - this file: construction, lookups and hits, writes, a load's install and end (the miss
+//!   path's writes), removals and walks;
 //! - `admit.rs`: what the policy hears of each write and removal, and the evictions it names;
 //! - `sweep.rs`: proactive expiry;
 //! - `fleet.rs` (feature `redis`): writes through the shared tier, and what its subscriber
@@ -24,7 +25,8 @@ use crossbeam_epoch::{Guard, Owned};
 use crossbeam_utils::CachePadded;
 
 use crate::clock::OnceNow;
-use crate::entry::{expiry_after, Entry, NEVER};
+use crate::entry::{expiry_after, Entry, Kind, NEVER};
+use crate::flight::Flight;
 use crate::local::{Domain, Pinned};
 use crate::pacing::Limiter;
 use crate::policy::Policy;
@@ -140,33 +142,6 @@ impl<K, V, S> Engine<K, V, S> {
     /// The table's nodes, weakly consistent (see `Table::iter`).
     pub(crate) fn nodes<'g>(&self, guard: &'g Guard) -> table::Iter<'g, K, Entry<V>> {
         self.table.iter(guard)
-    }
-
-    /// The write primitive of the miss path: `Table::update`. The caller tells the policy
-    /// of what it published ([`admit`](Self::admit)) or removed
-    /// ([`forget_in_policy`](Self::forget_in_policy)).
-    pub(crate) fn update<'g>(
-        &self,
-        hash: u64,
-        eq: impl FnMut(&K) -> bool,
-        new: Option<Owned<EntryNode<K, V>>>,
-        decide: impl FnMut(Option<&'g EntryNode<K, V>>) -> Decision,
-        guard: &'g Guard,
-    ) -> Outcome<'g, K, Entry<V>> {
-        self.table.update(hash, eq, new, decide, guard)
-    }
-
-    /// As [`update`](Self::update), with nodes matched by `eq` on the node (identity, a
-    /// version, a policy key) instead of by key: `Table::update_node`.
-    pub(crate) fn update_node<'g>(
-        &self,
-        hash: u64,
-        eq: impl FnMut(&EntryNode<K, V>) -> bool,
-        new: Option<Owned<EntryNode<K, V>>>,
-        decide: impl FnMut(Option<&'g EntryNode<K, V>>) -> Decision,
-        guard: &'g Guard,
-    ) -> Outcome<'g, K, Entry<V>> {
-        self.table.update_node(hash, eq, new, decide, guard)
     }
 }
 
@@ -376,6 +351,96 @@ where
             Outcome::Removed(_) | Outcome::Kept(..) => unreachable!("Put always stores"),
         };
         self.admit(new, weight, &now, pinned);
+    }
+
+    /// Installs `node`, a load's `Loading` entry for `key` (hash `hash`), if the key's entry
+    /// is still the one the caller looked at (`seen`: its version; `None`: there was none).
+    /// The value it replaces leaves the table and is told to the listener (a refresh's old
+    /// value, which the flight still serves, is not counted as an expiration); the policy
+    /// tracks the key on until the load ends. Returns false, and installs nothing, if the
+    /// key changed first.
+    pub(crate) fn install_load<Q>(
+        &self,
+        hash: u64,
+        key: &Q,
+        node: Owned<EntryNode<K, V>>,
+        seen: Option<u64>,
+        refresh: bool,
+        pinned: &Pinned<'_>,
+    ) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        // The version comparison, not the address, says "unchanged".
+        let decide = |cur: Option<&EntryNode<K, V>>| {
+            if cur.map(|n| n.value.version) == seen {
+                Decision::Put
+            } else {
+                Decision::Keep
+            }
+        };
+        let outcome = self.table.update(
+            hash,
+            |k| k.borrow() == key,
+            Some(node),
+            decide,
+            &pinned.guard,
+        );
+        match outcome {
+            Outcome::Inserted(_) => true,
+            Outcome::Replaced(old, _) => {
+                let cause = self.cause_for(&old.value, RemovalCause::Replaced, &self.once_now());
+                if !refresh && cause == RemovalCause::Expired {
+                    pinned.count(Counter::Expirations);
+                }
+                self.notify(old, cause);
+                true
+            }
+            Outcome::Removed(_) | Outcome::Kept(..) => false,
+        }
+    }
+
+    /// Ends the table's part of a load: if the table still holds `flight`'s `Loading` entry
+    /// (key hash `hash`), replaces it with `replacement` (a node and its weight, admitted at
+    /// `now`) or, without one, removes it (the policy forgets the write the load replaced).
+    /// Returns whether it did: an insert, an invalidation, a `forget` or a time-out may have
+    /// come first. The entry is matched by its flight, so no key comparison (user code)
+    /// runs, and a load's drop can end it too.
+    pub(crate) fn end_load(
+        &self,
+        hash: u64,
+        flight: &Arc<Flight<V>>,
+        replacement: Option<(Owned<EntryNode<K, V>>, u64)>,
+        now: &OnceNow<'_>,
+        pinned: &Pinned<'_>,
+    ) -> bool {
+        let (node, weight) = match replacement {
+            Some((n, w)) => (Some(n), w),
+            None => (None, 0),
+        };
+        let replacing = node.is_some();
+        let ours = |n: &EntryNode<K, V>| matches!(&n.value.kind, Kind::Loading(f) if Arc::ptr_eq(f, flight));
+        // `ours` lets only the flight's own entry through.
+        let decide = |cur: Option<&EntryNode<K, V>>| match cur {
+            Some(_) if replacing => Decision::Put,
+            Some(_) => Decision::Remove,
+            None => Decision::Keep,
+        };
+        match self
+            .table
+            .update_node(hash, ours, node, decide, &pinned.guard)
+        {
+            Outcome::Replaced(_, new) => {
+                self.admit(new, weight, now, pinned);
+                true
+            }
+            Outcome::Removed(old) => {
+                self.forget_in_policy(old.value.pkey, old.value.version);
+                true
+            }
+            Outcome::Inserted(_) | Outcome::Kept(..) => false,
+        }
     }
 
     /// Removes `key`'s node (hash `hash`), whatever its state, with the bookkeeping of a
