@@ -269,12 +269,7 @@ where
     pub fn invalidate_all(&self) {
         #[cfg(feature = "redis")]
         self.inner.invalidate_all_through();
-        self.clear_local();
-    }
-
-    /// Removes every local entry: how many held a live value.
-    pub(crate) fn clear_local(&self) -> u64 {
-        self.inner.clear()
+        self.inner.clear();
     }
 
     /// Entries held, including expired ones not yet removed and keys whose load is in

@@ -39,18 +39,36 @@ where
         self.hooks.notify(&self.domain, node, cause)
     }
 
-    /// `cause`, or `Expired` if the entry had expired at `now`.
+    /// `cause`, or `Expired` if the entry had expired at `now`. An entry removed as expired
+    /// needs no second look (nor a clock reading).
     pub(crate) fn cause_for(
         &self,
         entry: &Entry<V>,
         cause: RemovalCause,
         now: &OnceNow<'_>,
     ) -> RemovalCause {
-        if entry.is_expired(|| now.get()) {
+        if cause == RemovalCause::Expired || entry.is_expired(|| now.get()) {
             RemovalCause::Expired
         } else {
             cause
         }
+    }
+
+    /// The bookkeeping of a value replaced by a write of its key at `now` (the policy tracks
+    /// the key on): its cause, counted as an expiration if it had expired and
+    /// `count_expired`, and told to the listener. Returns whether the listener ran.
+    pub(super) fn replaced(
+        &self,
+        old: &EntryNode<K, V>,
+        count_expired: bool,
+        now: &OnceNow<'_>,
+        pinned: &Pinned<'_>,
+    ) -> bool {
+        let cause = self.cause_for(&old.value, RemovalCause::Replaced, now);
+        if count_expired && cause == RemovalCause::Expired {
+            pinned.count(Counter::Expirations);
+        }
+        self.notify(old, cause)
     }
 
     /// Tells the policy that the table no longer holds `entry` (removed by the caller).
@@ -65,11 +83,7 @@ where
         // A load in progress too: the policy may still track the write it replaced.
         self.forget_in_policy(entry.pkey, entry.version);
         let now = self.once_now();
-        // What the caller removed as expired needs no second look (nor a clock reading).
-        let cause = match cause {
-            RemovalCause::Expired => cause,
-            _ => self.cause_for(entry, cause, &now),
-        };
+        let cause = self.cause_for(entry, cause, &now);
         match cause {
             RemovalCause::Expired => pinned.count(Counter::Expirations),
             RemovalCause::Invalidated if entry.live_value(|| now.get()).is_some() => {

@@ -339,11 +339,7 @@ where
             Outcome::Replaced(old, new) => {
                 pinned.count(Counter::Updates);
                 // The policy tracks the key on: our write supersedes the old one there.
-                let cause = self.cause_for(&old.value, RemovalCause::Replaced, &now);
-                if cause == RemovalCause::Expired {
-                    pinned.count(Counter::Expirations);
-                }
-                if self.notify(old, cause) {
+                if self.replaced(old, true, &now, pinned) {
                     now.renew();
                 }
                 new
@@ -390,11 +386,7 @@ where
         match outcome {
             Outcome::Inserted(_) => true,
             Outcome::Replaced(old, _) => {
-                let cause = self.cause_for(&old.value, RemovalCause::Replaced, &self.once_now());
-                if !refresh && cause == RemovalCause::Expired {
-                    pinned.count(Counter::Expirations);
-                }
-                self.notify(old, cause);
+                self.replaced(old, !refresh, &self.once_now(), pinned);
                 true
             }
             Outcome::Removed(_) | Outcome::Kept(..) => false,
