@@ -18,8 +18,6 @@ use std::sync::atomic::{self, AtomicBool};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_epoch::Owned;
-
 use crate::cache::Cache;
 use crate::clock::OnceNow;
 use crate::entry::{expiry_after, Entry, Kind, NEVER};
@@ -455,7 +453,7 @@ where
                 let key = key.to_owned();
                 let weight = self.inner.weight_of(&key, v);
                 let entry = self.put_back_entry(self.inner.pkey(&key), flight, v.clone(), &at);
-                (Owned::new(Node::new(hash, key, entry)), weight)
+                (Node::owned(hash, key, entry), weight)
             })
         }))
         .unwrap_or(None);
@@ -624,7 +622,7 @@ where
             let loading = Entry::loading(version, pkey, Arc::clone(&flight));
             // Both clones of the key (user code) before the install: once our `Loading` entry
             // is in the table, only the `Lead` (whose drop settles it) may run user code.
-            let node = Owned::new(Node::new(hash, key.to_owned(), loading));
+            let node = Node::owned(hash, key.to_owned(), loading);
             let lead_key = key.to_owned();
             if !self
                 .inner
@@ -932,7 +930,7 @@ where
         }
         let cache = &self.cache;
         let pinned = cache.inner.pin();
-        let node = Owned::new(Node::new(self.hash, self.key.clone(), make()));
+        let node = Node::owned(self.hash, self.key.clone(), make());
         let replaced =
             cache
                 .inner

@@ -318,7 +318,7 @@ where
         let now = self.once_now();
         let expires_at = ttl.map_or(NEVER, |t| expiry_after(now.get(), t));
         let entry = self.ready_entry(pkey, value, expires_at, (0, 0), &now);
-        let node = Owned::new(Node::new(hash, key, entry));
+        let node = Node::owned(hash, key, entry);
         let key_ptr: *const K = &node.key;
         let outcome = self.table.update(
             hash,

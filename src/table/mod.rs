@@ -31,6 +31,7 @@
 
 mod array;
 mod node;
+mod pool;
 mod probe;
 
 pub use node::Node;
@@ -582,16 +583,12 @@ impl<'g, K, V> Iterator for Iter<'g, K, V> {
     }
 }
 
-/// Frees a node, containing a panic from `K`'s or `V`'s `Drop`: a node is freed by whichever
-/// thread the collector picks, in a batch with others, or in the table's own drop among all
-/// its nodes, so a panic there would surface in an unrelated operation and leak the rest of
-/// the batch. (std's collections likewise go on dropping after a panicking element.)
-fn destroy<T>(node: Box<T>) {
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(node)));
-}
-
-/// Retires `node`, unlinked by the caller, to be freed with [`destroy`] once no reader that
-/// could have seen it is still pinned.
+/// Retires `node`, unlinked by the caller, to be released with [`Node::release`] once no
+/// reader that could have seen it is still pinned. A panic from `K`'s or `V`'s `Drop` is
+/// contained there: a node is freed by whichever thread the collector picks, in a batch with
+/// others, or in the table's own drop among all its nodes, so a panic would surface in an
+/// unrelated operation and leak the rest of the batch. (std's collections likewise go on
+/// dropping after a panicking element.)
 ///
 /// # Safety
 /// `node` is no longer reachable from any slot, was allocated by `Owned`, and is retired once.
@@ -599,9 +596,9 @@ unsafe fn retire<K, V>(node: Shared<'_, Node<K, V>>, guard: &Guard) {
     let raw = node.as_raw() as usize;
     // SAFETY: the closure runs after every guard pinned before now is gone (crossbeam's
     // deferral contract), so no reader still holds the node; the caller guarantees it is
-    // unlinked, `Owned`-allocated, and retired once, so rebuilding the box is its only free.
+    // unlinked, `Owned`-allocated, and retired once, so this is its only release.
     unsafe {
-        guard.defer_unchecked(move || destroy(Box::from_raw(raw as *mut Node<K, V>)));
+        guard.defer_unchecked(move || Node::release(raw as *mut Node<K, V>));
     }
 }
 
@@ -626,7 +623,7 @@ impl<K, V> Drop for Table<K, V> {
             last.for_each_live_exclusive(|node| {
                 // SAFETY: the node was allocated by `Owned` (a `Box`) and is referenced by
                 // no other live slot; this is its only release.
-                destroy(unsafe { Box::from_raw(node) });
+                unsafe { Node::release(node) };
             });
         }
         for array in arrays {

@@ -1,5 +1,12 @@
 //! The heap cell a slot points to, and the meaning of the low bits of a slot pointer.
 
+use std::alloc::{dealloc, Layout};
+use std::ptr::NonNull;
+
+use crossbeam_epoch::Owned;
+
+use super::pool;
+
 /// One key-value pair of the table, allocated once and never mutated after publication
 /// (interior mutability, where a value needs it, lives inside `V`).
 ///
@@ -22,6 +29,48 @@ impl<K, V> Node<K, V> {
     /// A node ready to be inserted.
     pub fn new(hash: u64, key: K, value: V) -> Self {
         Node { hash, key, value }
+    }
+
+    /// A node ready to be inserted, in memory a retired node of this thread left (see
+    /// `pool.rs`) when there is some: the table's writes allocate nodes this way.
+    #[inline]
+    pub fn owned(hash: u64, key: K, value: V) -> Owned<Self> {
+        let node = Node::new(hash, key, value);
+        match pool::take(Layout::new::<Self>()) {
+            Some(block) => {
+                let raw = block.as_ptr().cast::<Self>();
+                // SAFETY: the block was allocated by the global allocator with this type's
+                // layout and is ours alone (the pool hands each block out once), so it may be
+                // written and then owned exactly as a `Box` of the node, which is how `Owned`
+                // frees it.
+                unsafe {
+                    raw.write(node);
+                    Owned::from_raw(raw)
+                }
+            }
+            None => Owned::new(node),
+        }
+    }
+
+    /// Drops the node in place and frees or pools its memory. A panic in `K`'s or `V`'s
+    /// `Drop` is contained (see `table::destroy`) and the memory is still released.
+    ///
+    /// # Safety
+    /// `node` was allocated as a `Box` of the node (by [`Node::owned`] or `Owned::new`), is
+    /// reachable by no one else, and is released once.
+    pub(super) unsafe fn release(node: *mut Self) {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // SAFETY: valid and exclusively ours (the caller's contract); dropped once.
+            unsafe { std::ptr::drop_in_place(node) }
+        }));
+        let layout = Layout::new::<Self>();
+        // SAFETY: `Box` allocations are never null.
+        let block = unsafe { NonNull::new_unchecked(node.cast::<u8>()) };
+        if !pool::give(block, layout) {
+            // SAFETY: allocated by the global allocator with `layout` (a `Box` of the node),
+            // its contents dropped above, and refused by the pool, so freed only here.
+            unsafe { dealloc(block.as_ptr(), layout) };
+        }
     }
 }
 
