@@ -56,20 +56,21 @@ impl Sketch {
         }
     }
 
-    /// The block and the four (word, counter) positions for `key`.
-    #[inline]
+    /// The block and the four (word, counter shift) positions for `key`: row `i` uses
+    /// word `2i` or `2i + 1` of the block, one bit of the hash choosing, and four more bits
+    /// choose the counter. The rows are computed independently (no carried state), so they
+    /// unroll into straight-line code, and each word index is masked to the block, so the
+    /// counter accesses need no bounds checks.
+    #[inline(always)]
     fn positions(&self, key: u64) -> (usize, [(usize, u32); 4]) {
         let h = mix(key ^ self.seed);
         let block = (h as usize) & self.block_mask;
-        let mut spots = [(0, 0); 4];
-        let mut bits = h >> 32;
-        for (i, spot) in spots.iter_mut().enumerate() {
-            // Row i uses words 2i and 2i + 1 of the block; 4 bits choose the counter.
-            let word = 2 * i + (bits & 1) as usize;
-            let counter = ((bits >> 1) & 0xf) as u32;
-            *spot = (word, counter * 4);
-            bits >>= 5;
-        }
+        let bits = h >> 32;
+        let spots = std::array::from_fn(|i| {
+            let row = bits >> (5 * i);
+            let word = (2 * i + (row & 1) as usize) & 7;
+            (word, ((row >> 1) & 0xf) as u32 * 4)
+        });
         (block, spots)
     }
 
@@ -77,31 +78,28 @@ impl Sketch {
     pub(crate) fn frequency(&self, key: u64) -> u64 {
         let (block, spots) = self.positions(key);
         let b = &self.table[block];
-        spots
-            .iter()
-            .map(|&(w, shift)| (b[w] >> shift) & 0xf)
-            .min()
-            .unwrap_or(0)
+        let count = |(w, shift): (usize, u32)| (b[w] >> shift) & 0xf;
+        count(spots[0])
+            .min(count(spots[1]))
+            .min(count(spots[2]).min(count(spots[3])))
     }
 
-    /// Records one occurrence of `key`.
+    /// Records one occurrence of `key`. Every counter below the maximum is raised, not only
+    /// those at the minimum: one-off keys then displace looping ones less often. A key whose
+    /// counters are all saturated changes nothing and does not count towards the next
+    /// halving.
     pub(crate) fn increment(&mut self, key: u64) {
         let (block, spots) = self.positions(key);
         let b = &mut self.table[block];
-        // Every counter below the maximum is raised, not only those at the minimum: one-off
-        // keys then displace looping ones less often.
-        let min = spots
-            .iter()
-            .map(|&(w, shift)| (b[w] >> shift) & 0xf)
-            .min()
-            .unwrap_or(0);
-        if min == MAX_COUNT {
-            return;
-        }
-        for &(w, shift) in &spots {
+        let mut raised = false;
+        for (w, shift) in spots {
             if (b[w] >> shift) & 0xf < MAX_COUNT {
                 b[w] += 1 << shift;
+                raised = true;
             }
+        }
+        if !raised {
+            return;
         }
         self.additions += 1;
         if self.additions >= self.sample {
@@ -109,7 +107,9 @@ impl Sketch {
         }
     }
 
-    /// Ages every counter by half.
+    /// Ages every counter by half (once per `sample` increments: kept out of `increment`'s
+    /// code).
+    #[cold]
     fn halve(&mut self) {
         const LOW_BITS: u64 = 0x7777_7777_7777_7777;
         for block in &mut self.table {
