@@ -53,24 +53,34 @@ impl<K, V> Node<K, V> {
     }
 
     /// Drops the node in place and frees or pools its memory. A panic in `K`'s or `V`'s
-    /// `Drop` is contained (see `table::destroy`) and the memory is still released.
+    /// `Drop` is contained (see `retire` in `table/mod.rs`), and the memory is released even
+    /// if dropping the panic's payload panics in turn.
     ///
     /// # Safety
     /// `node` was allocated as a `Box` of the node (by [`Node::owned`] or `Owned::new`), is
     /// reachable by no one else, and is released once.
     pub(super) unsafe fn release(node: *mut Self) {
+        /// Releases the block when dropped, on every path out of `release`.
+        struct Block(NonNull<u8>, Layout);
+        impl Drop for Block {
+            fn drop(&mut self) {
+                if !pool::give(self.0, self.1) {
+                    // SAFETY: allocated by the global allocator with this layout (a `Box` of
+                    // the node), its contents dropped, and refused by the pool: freed only
+                    // here.
+                    unsafe { dealloc(self.0.as_ptr(), self.1) };
+                }
+            }
+        }
+        // SAFETY: `Box` allocations are never null.
+        let _block = Block(
+            unsafe { NonNull::new_unchecked(node.cast::<u8>()) },
+            Layout::new::<Self>(),
+        );
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             // SAFETY: valid and exclusively ours (the caller's contract); dropped once.
             unsafe { std::ptr::drop_in_place(node) }
         }));
-        let layout = Layout::new::<Self>();
-        // SAFETY: `Box` allocations are never null.
-        let block = unsafe { NonNull::new_unchecked(node.cast::<u8>()) };
-        if !pool::give(block, layout) {
-            // SAFETY: allocated by the global allocator with `layout` (a `Box` of the node),
-            // its contents dropped above, and refused by the pool, so freed only here.
-            unsafe { dealloc(block.as_ptr(), layout) };
-        }
     }
 }
 

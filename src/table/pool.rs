@@ -1,7 +1,7 @@
 //! Node memory recycled per thread.
 //!
-//! Under churn every write at capacity allocates a node and, one epoch later, frees the
-//! victim's. Through the allocator each of those costs a `malloc` and a `free`, and the
+//! Under churn every write at capacity allocates a node and, once the readers that could
+//! have seen it have unpinned, frees the victim's. Through the allocator each of those costs a `malloc` and a `free`, and the
 //! collector frees its nodes in batches that overflow glibc's per-thread cache into its fast
 //! bins, which the next large allocation (the collector's own bags, a table migration)
 //! consolidates, touching every freed chunk again. So a thread keeps the node blocks its
@@ -13,17 +13,21 @@
 //! taken from the pool may be freed as a `Box` (crossbeam's `Owned` does that with an unused
 //! node) and a boxed node's memory may join the pool. Blocks of at most [`CLASSES`] layouts
 //! are kept per thread (one per node type in use); others go straight back to the allocator.
-//! A thread's blocks are freed when it exits. Under loom, nodes are plain boxes.
+//! A thread's blocks are freed when it exits (where the platform runs thread-local
+//! destructors; std documents that the main thread's may not run). Blocks stay pooled after
+//! the caches that used them are dropped: at most `KEEP` × `CLASSES` blocks per thread.
+//! Under loom, nodes are plain boxes.
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
 
-/// Blocks kept per layout and thread: what one collection frees (crossbeam collects every
-/// 128 pins, a bag of 64 deferred frees at a time) with room to spare; 256 nodes of 80 bytes
-/// are 20 KiB per thread.
-const KEEP: usize = 256;
+/// Blocks kept per layout and thread: what one collection frees at most (crossbeam collects
+/// every 128 pins, up to 8 bags of 64 deferred frees); 512 nodes of 80 bytes are 40 KiB.
+#[cfg_attr(herdcache_loom, allow(dead_code))]
+const KEEP: usize = 512;
 
 /// Node layouts kept per thread.
+#[cfg_attr(herdcache_loom, allow(dead_code))]
 const CLASSES: usize = 4;
 
 /// A free block of `Layout`, taken from this thread's pool, or `None` if it has none.
@@ -180,6 +184,39 @@ mod tests {
         assert_eq!((second.hash, second.key, *second.value), (2, 20, 7));
         drop(second);
         assert_eq!(Arc::strong_count(&value), 1, "a pooled node frees as a box");
+    }
+
+    #[test]
+    fn a_node_whose_drop_panics_with_a_panicking_payload_still_gives_back_its_memory() {
+        on_fresh_thread(node_with_panicking_payload_gives_back_its_memory);
+    }
+
+    fn node_with_panicking_payload_gives_back_its_memory() {
+        use std::panic::{catch_unwind, panic_any, AssertUnwindSafe};
+
+        use super::super::Node;
+
+        struct Payload;
+        impl Drop for Payload {
+            fn drop(&mut self) {
+                panic!("the payload's own drop panics");
+            }
+        }
+        struct Bomb;
+        impl Drop for Bomb {
+            fn drop(&mut self) {
+                panic_any(Payload);
+            }
+        }
+        let raw = Box::into_raw(Node::owned(1, 1u64, Bomb).into_box());
+        // SAFETY: a `Box` of the node, ours alone, released once.
+        let escaped = catch_unwind(AssertUnwindSafe(|| unsafe { Node::release(raw) }));
+        assert!(escaped.is_err(), "the payload's panic leaves `release`");
+        let layout = Layout::new::<Node<u64, Bomb>>();
+        let block = take(layout).expect("the node's memory was pooled all the same");
+        assert_eq!(block.as_ptr(), raw.cast::<u8>());
+        // SAFETY: a block of `layout`, no longer pooled.
+        unsafe { std::alloc::dealloc(block.as_ptr(), layout) };
     }
 
     #[test]
