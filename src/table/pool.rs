@@ -1,10 +1,10 @@
 //! Node memory recycled per thread.
 //!
 //! Under churn every write at capacity allocates a node and, once the readers that could
-//! have seen it have unpinned, frees the victim's. Through the allocator each of those costs a `malloc` and a `free`, and the
-//! collector frees its nodes in batches that overflow glibc's per-thread cache into its fast
-//! bins, which the next large allocation (the collector's own bags, a table migration)
-//! consolidates, touching every freed chunk again. So a thread keeps the node blocks its
+//! have seen it have unpinned, frees the victim's. Through the allocator each of those costs
+//! a `malloc` and a `free`, and the collector frees its nodes in batches that overflow
+//! glibc's per-thread cache into its fast bins, which the next large allocation (the
+//! collector's own bags, a table migration) consolidates, touching every freed chunk again. So a thread keeps the node blocks its
 //! collector frees, up to [`KEEP`] per layout, and its next writes take them back: a push and
 //! a pop on a thread-local stack instead of an allocator round trip.
 //!
