@@ -164,7 +164,9 @@ where
             }
             // In progress in the tier until the local removal is done, as for `invalidate`.
             #[cfg(feature = "redis")]
-            let _written = self.inner.write_through(None, node.value.pkey, None);
+            let _written = self
+                .inner
+                .write_through(None, self.inner.pkey(&node.key), None);
             self.inner
                 .remove_node(node, RemovalCause::Invalidated, &pinned);
         }

@@ -17,17 +17,13 @@ pub(crate) use crate::clock::{expiry_after, NEVER};
 ///
 /// Laid out in declaration order (`repr(C)` here, on `Kind` and on `Ready`) with what a hit
 /// reads first: the policy's hit counter, the state's discriminant, the value and its expiry,
-/// then the policy key, the refresh plan (read only by `get_or_load`), then the
-/// version (read only by writers).
+/// then the refresh plan (read only by `get_or_load`), then the version (read only by
+/// writers).
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct Entry<V> {
     pub(crate) policy: EntryState,
     pub(crate) kind: Kind<V>,
-    /// The key's policy key: a 64-bit hash with the cache's own seeded hasher, independent of
-    /// the user's (the policy does not track a load in progress, but may still track the
-    /// write it replaced).
-    pub(crate) pkey: u64,
     pub(crate) version: u64,
 }
 
@@ -73,14 +69,14 @@ impl<V> Ready<V> {
 impl<V> Entry<V> {
     pub(crate) fn ready(
         version: u64,
-        pkey: u64,
+        shard: u8,
         value: V,
         expires_at: u64,
         refresh: Option<Box<RefreshState>>,
     ) -> Self {
         Self::with_kind(
             version,
-            pkey,
+            shard,
             Kind::Ready(Ready {
                 value,
                 expires_at,
@@ -89,24 +85,24 @@ impl<V> Entry<V> {
         )
     }
 
-    pub(crate) fn loading(version: u64, pkey: u64, flight: Arc<Flight<V>>) -> Self {
-        Self::with_kind(version, pkey, Kind::Loading(flight))
+    pub(crate) fn loading(version: u64, shard: u8, flight: Arc<Flight<V>>) -> Self {
+        Self::with_kind(version, shard, Kind::Loading(flight))
     }
 
     pub(crate) fn failed(
         version: u64,
-        pkey: u64,
+        shard: u8,
         error: Arc<dyn Any + Send + Sync>,
         expires_at: u64,
     ) -> Self {
-        Self::with_kind(version, pkey, Kind::Failed { error, expires_at })
+        Self::with_kind(version, shard, Kind::Failed { error, expires_at })
     }
 
-    fn with_kind(version: u64, pkey: u64, kind: Kind<V>) -> Self {
+    /// `shard`: the policy shard of the key (`Policy::shard_of`).
+    fn with_kind(version: u64, shard: u8, kind: Kind<V>) -> Self {
         Entry {
-            policy: EntryState::default(),
+            policy: EntryState::new(shard),
             kind,
-            pkey,
             version,
         }
     }
@@ -161,7 +157,7 @@ impl<V> Entry<V> {
     /// written at `now`. Without a TTL its expiry becomes the last finite one (as a TTL past
     /// the clock's range does), so that the liveness check reaches the idle deadline.
     pub(crate) fn with_idle(mut self, now: u64, units: u32) -> Self {
-        self.policy = EntryState::idle_after(now, units);
+        self.policy = self.policy.idle_after(now, units);
         if let Kind::Ready(r) = &mut self.kind {
             r.expires_at = r.expires_at.min(NEVER - 1);
         }
@@ -174,8 +170,8 @@ mod tests {
     use super::Entry;
 
     /// What a u64 value's entry costs (the table node adds the key and hash): the hit
-    /// counter and the idle deadline share one word, the state with its value, expiry and
-    /// refresh pointer take four, then the policy key and the version.
+    /// counter, the policy shard, the idle deadline and the policy record take two words,
+    /// the state with its value, expiry and refresh pointer four, then the version.
     #[test]
     fn an_entry_of_a_u64_is_seven_words() {
         assert_eq!(std::mem::size_of::<Entry<u64>>(), 56);

@@ -452,8 +452,9 @@ where
             flight.serving(|| now).map(|v| {
                 let key = key.to_owned();
                 let weight = self.inner.weight_of(&key, v);
-                let entry = self.put_back_entry(self.inner.pkey(&key), flight, v.clone(), &at);
-                (Node::owned(hash, key, entry), weight)
+                let pkey = self.inner.pkey(&key);
+                let entry = self.put_back_entry(pkey, flight, v.clone(), &at);
+                (Node::owned(hash, key, entry), weight, pkey)
             })
         }))
         .unwrap_or(None);
@@ -619,7 +620,7 @@ where
                 permit,
             }));
             let pkey = self.inner.pkey(key);
-            let loading = Entry::loading(version, pkey, Arc::clone(&flight));
+            let loading = Entry::loading(version, self.inner.shard_of(pkey), Arc::clone(&flight));
             // Both clones of the key (user code) before the install: once our `Loading` entry
             // is in the table, only the `Lead` (whose drop settles it) may run user code.
             let node = Node::owned(hash, key.to_owned(), loading);
@@ -819,7 +820,7 @@ where
                         let entry = || {
                             Entry::failed(
                                 cache.inner.next_version(),
-                                pkey,
+                                cache.inner.shard_of(pkey),
                                 Arc::clone(&erased),
                                 expires_at,
                             )
@@ -931,10 +932,13 @@ where
         let cache = &self.cache;
         let pinned = cache.inner.pin();
         let node = Node::owned(self.hash, self.key.clone(), make());
-        let replaced =
-            cache
-                .inner
-                .end_load(self.hash, &self.flight, Some((node, weight)), now, &pinned);
+        let replaced = cache.inner.end_load(
+            self.hash,
+            &self.flight,
+            Some((node, weight, self.pkey)),
+            now,
+            &pinned,
+        );
         if replaced {
             pinned.count(Counter::Inserts);
         }

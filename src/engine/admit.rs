@@ -3,15 +3,16 @@
 //! the victims that make room for it leave the table.
 
 use std::hash::{BuildHasher, Hash};
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering;
 
 use super::{Engine, EntryNode};
 use crate::clock::OnceNow;
 use crate::entry::Entry;
 use crate::local::Pinned;
-use crate::policy::{Look, Victim, Write};
+use crate::policy::{Look, Tracked, Victim, Write};
 use crate::removal::RemovalCause;
 use crate::stats::Counter;
-use crate::table::{Decision, Outcome};
 
 impl<K, V, S> Engine<K, V, S>
 where
@@ -71,17 +72,43 @@ where
         self.notify(old, cause)
     }
 
-    /// Tells the policy that the table no longer holds `entry` (removed by the caller).
-    pub(crate) fn forget_in_policy(&self, pkey: u64, version: u64) {
-        self.policy.with(pkey, |p| p.remove(pkey, version));
+    /// Tells the policy that the table no longer holds `node`, which the caller took out
+    /// (see `tinylfu.rs`, "Succession": before any user code runs after the table write).
+    pub(crate) fn forget_in_policy(&self, node: &EntryNode<K, V>) {
+        self.policy.with(node.value.policy.shard(), |p| {
+            // SAFETY: the caller took the node out of the table under its pin, which it still
+            // holds, and reports it once; we hold the shard's lock.
+            unsafe { p.remove(tracked(node)) }
+        });
+    }
+
+    /// Tells the policy that `load`, a load in progress, took `old`'s place in the table:
+    /// the key stays tracked through it.
+    pub(super) fn carry_in_policy(&self, old: &EntryNode<K, V>, load: &EntryNode<K, V>) {
+        self.policy.with(load.value.policy.shard(), |p| {
+            // SAFETY: as `forget_in_policy`; `load` was published by the caller, under its
+            // pin.
+            unsafe { p.carry(tracked(old), tracked(load)) }
+        });
     }
 
     /// An entry the caller removed from the table: the policy forgets it, it is counted, and
     /// the listener hears of its value.
     pub(super) fn removed(&self, node: &EntryNode<K, V>, cause: RemovalCause, pinned: &Pinned<'_>) {
+        // A load in progress too: it may carry its key's record.
+        self.forget_in_policy(node);
+        self.after_removal(node, cause, pinned);
+    }
+
+    /// The bookkeeping of a removal the policy has heard of: counted, and told to the
+    /// listener.
+    pub(super) fn after_removal(
+        &self,
+        node: &EntryNode<K, V>,
+        cause: RemovalCause,
+        pinned: &Pinned<'_>,
+    ) {
         let entry = &node.value;
-        // A load in progress too: the policy may still track the write it replaced.
-        self.forget_in_policy(entry.pkey, entry.version);
         let now = self.once_now();
         let cause = self.cause_for(entry, cause, &now);
         match cause {
@@ -94,78 +121,74 @@ where
         self.notify(node, cause);
     }
 
-    /// Tells the policy that the table now holds `node` (just published by the caller at
-    /// `now`, with `weight`), and evicts what the policy chooses to stay within capacity.
+    /// Tells the policy of `write` (published by the caller at `now`, with `weight`, for the
+    /// key with policy key `pkey`), and evicts what the policy chooses to stay within
+    /// capacity; then the listener hears of the evicted, and the write takes its share of
+    /// the sweep.
     pub(crate) fn admit(
         &self,
-        node: &EntryNode<K, V>,
+        write: Unreported<'_, K, V>,
+        pkey: u64,
         weight: u64,
         now: &OnceNow<'_>,
         pinned: &Pinned<'_>,
     ) {
+        let node = write.new;
         let guard = &pinned.guard;
         let table = &self.table;
+        // The clock is user code: read it before taking the lock if anything can expire, so
+        // that the looks below only read the reading.
+        if self.expiring.load(Ordering::Relaxed) {
+            now.get();
+        }
         // Collected for the listener, which must run outside the lock; without one, nothing
         // is collected (and nothing allocated).
         let listening = self.hooks.listener.is_some();
         let mut evicted: Vec<(&EntryNode<K, V>, RemovalCause)> = Vec::new();
         self.policy
-            .with_scratch(node.value.pkey, |policy, victims| {
-                // Only a write the table still holds is tracked; a later write (or a removal)
-                // reports itself under this lock after us. The node cannot have been freed and
-                // its address reused: our guard has been held since it was published.
-                let current = table.get_node(node.hash, |n| std::ptr::eq(n, node), guard);
-                if !current.is_some_and(|c| std::ptr::eq(c, node)) {
-                    return;
-                }
-                let entry = &node.value;
-                // Nodes are matched by the policy key they store, never by hashing or comparing
-                // keys: no user code runs under the policy's lock.
-                let mut probe =
-                    |v: &Victim| match table.get_node(v.hash, |n| n.value.pkey == v.pkey, guard) {
-                        Some(n) => Look {
-                            hits: n.value.policy.take_hits(),
-                            expired: n.value.is_expired(|| now.get()),
-                        },
-                        None => Look::default(),
-                    };
-                let write = Write {
-                    pkey: entry.pkey,
-                    hash: node.hash,
-                    version: entry.version,
+            .with_scratch(node.value.policy.shard(), |policy, victims| {
+                // The policy looks at its victims through their nodes: no user code runs
+                // under its lock.
+                let mut probe = |v: &Victim| {
+                    // SAFETY: a victim's node is live under the shard's lock ("Succession").
+                    let n = unsafe { node_of::<K, V>(v.node) };
+                    Look {
+                        hits: n.value.policy.take_hits(),
+                        expired: n.value.is_expired(|| now.get()),
+                    }
+                };
+                let report = Write {
+                    pkey,
+                    node: tracked(node),
+                    old: write.old.map(tracked),
                     weight,
                 };
                 let counters = self.domain.counters();
-                policy.write(write, victims, &mut probe, &|| counters.requests());
+                // SAFETY: `node` was published and `old` taken out of the table by this
+                // thread, pinned since before either, which reports them here, once.
+                unsafe { policy.write(report, victims, &mut probe, &|| counters.requests()) };
+                write.reported();
                 for v in victims.iter() {
-                    // The victim's write, or an older one it replaced, never a load in progress
-                    // or a newer write (that one reports itself, and the policy tracks it anew).
-                    let outcome = table.update_node(
-                        v.hash,
-                        |n| n.value.pkey == v.pkey,
-                        None,
-                        |cur| match cur {
-                            Some(n) if n.value.is_tracked() && n.value.version <= v.version => {
-                                Decision::Remove
-                            }
-                            _ => Decision::Keep,
-                        },
-                        guard,
-                    );
-                    if let Outcome::Removed(old) = outcome {
-                        let cause = if v.pkey == write.pkey && v.version == write.version {
-                            pinned.count(Counter::Evictions);
-                            RemovalCause::Oversized
-                        } else if old.value.is_expired(|| now.get()) {
-                            pinned.count(Counter::Expirations);
-                            RemovalCause::Expired
-                        } else {
-                            pinned.count(Counter::Evictions);
-                            RemovalCause::Size
-                        };
-                        if listening {
-                            evicted.push((old, cause));
-                        }
+                    // SAFETY: as in the probe; the victim is detached, and leaves the table
+                    // here (under our pin) or has left it already.
+                    let victim = unsafe { node_of::<K, V>(v.node) };
+                    // Never a load in progress: it may only carry the key's record, and is
+                    // left to finish (its value is then a new key).
+                    if !victim.value.is_tracked() || !table.remove_node(victim, guard) {
+                        continue;
+                    }
+                    let cause = if std::ptr::eq(victim, node) {
+                        pinned.count(Counter::Evictions);
+                        RemovalCause::Oversized
+                    } else if victim.value.is_expired(|| now.get()) {
+                        pinned.count(Counter::Expirations);
+                        RemovalCause::Expired
+                    } else {
+                        pinned.count(Counter::Evictions);
+                        RemovalCause::Size
+                    };
+                    if listening {
+                        evicted.push((victim, cause));
                     }
                 }
             });
@@ -178,5 +201,82 @@ where
             self.notify(old, cause);
         }
         self.sweep_after_write(now, pinned);
+    }
+}
+
+/// A write the table holds and the policy has not heard of yet: `new`, in place of `old` if
+/// it replaced one. The report must come before the thread unpins, whatever happens in
+/// between (see `tinylfu.rs`, "Succession"): if user code run before it (a listener, a custom
+/// clock) unwinds, dropping this reports the write without admission, `new` taking `old`'s
+/// record, so that no record is left on a node out of the table.
+#[must_use = "a write must be reported to the policy"]
+pub(crate) struct Unreported<'a, K, V> {
+    policy: &'a crate::policy::Policy,
+    old: Option<&'a EntryNode<K, V>>,
+    new: &'a EntryNode<K, V>,
+    armed: bool,
+}
+
+impl<'a, K, V> Unreported<'a, K, V> {
+    /// `new`, just published by the caller in place of `old`, if any.
+    pub(super) fn new(
+        policy: &'a crate::policy::Policy,
+        old: Option<&'a EntryNode<K, V>>,
+        new: &'a EntryNode<K, V>,
+    ) -> Self {
+        Unreported {
+            policy,
+            old,
+            new,
+            armed: true,
+        }
+    }
+
+    /// The write was reported.
+    fn reported(mut self) {
+        self.armed = false;
+    }
+}
+
+impl<K, V> Drop for Unreported<'_, K, V> {
+    fn drop(&mut self) {
+        let (Some(old), true) = (self.old, self.armed) else {
+            // Reported; or a new key, whose node is simply left untracked.
+            return;
+        };
+        let new = self.new;
+        self.policy.with(new.value.policy.shard(), |p| {
+            // SAFETY: as in `admit`: published and taken out by this thread, still pinned.
+            unsafe { p.carry(tracked(old), tracked(new)) }
+        });
+    }
+}
+
+/// Where a node's policy state lies in it.
+const fn state_offset<K, V>() -> usize {
+    std::mem::offset_of!(EntryNode<K, V>, value) + std::mem::offset_of!(Entry<V>, policy)
+}
+
+/// The policy's handle on `node`: its policy state, addressed from the whole node so that
+/// `node_of` may step back to it.
+#[inline]
+pub(super) fn tracked<K, V>(node: &EntryNode<K, V>) -> Tracked {
+    // SAFETY: the state is a field of the node, at this offset.
+    unsafe { NonNull::from(node).byte_add(state_offset::<K, V>()).cast() }
+}
+
+/// The node whose policy state `state` is.
+///
+/// # Safety
+/// `state` came from [`tracked`] of a node of this type that is live for `'g`.
+#[inline]
+pub(super) unsafe fn node_of<'g, K, V>(state: Tracked) -> &'g EntryNode<K, V> {
+    // SAFETY: `tracked` stepped forward by the same offset from the node (the caller's
+    // contract), whose provenance the pointer keeps; live for `'g`.
+    unsafe {
+        state
+            .byte_sub(state_offset::<K, V>())
+            .cast::<EntryNode<K, V>>()
+            .as_ref()
     }
 }

@@ -12,6 +12,8 @@
 //!   hears.
 
 mod admit;
+
+use admit::Unreported;
 #[cfg(feature = "redis")]
 mod fleet;
 mod sweep;
@@ -37,6 +39,9 @@ use crate::table::{self, Decision, Node, Outcome, Table};
 
 /// The table's node type: a key with its entry.
 pub(crate) type EntryNode<K, V> = Node<K, Entry<V>>;
+
+/// What ends a load in the table: the node, its weight, and its key's policy key.
+pub(crate) type Replacement<K, V> = (Owned<EntryNode<K, V>>, u64, u64);
 
 /// The state of one cache, behind every handle to it.
 pub(crate) struct Engine<K, V, S> {
@@ -165,6 +170,11 @@ where
         let pkey_seed = shared.as_ref().map_or_else(random, |t| t.pkey_seed());
         #[cfg(not(feature = "redis"))]
         let pkey_seed = random();
+        // The shared tier's broadcasts name keys by policy key.
+        #[cfg(feature = "redis")]
+        let by_pkey = shared.is_some();
+        #[cfg(not(feature = "redis"))]
+        let by_pkey = false;
         let pkeys = foldhash::fast::FixedState::with_seed(pkey_seed);
         let seed = pkeys.hash_one(0x5eed_u64);
         let table = Table::try_with_capacity(settings.initial_capacity).ok_or(
@@ -175,7 +185,12 @@ where
         )?;
         Ok(Engine {
             table,
-            policy: Policy::new(settings.max_capacity as u64, seed, hooks.weigher.is_some()),
+            policy: Policy::new(
+                settings.max_capacity as u64,
+                seed,
+                hooks.weigher.is_some(),
+                by_pkey,
+            ),
             pkeys,
             hooks,
             hasher,
@@ -208,6 +223,12 @@ where
     #[inline]
     pub(crate) fn pkey<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
         self.pkeys.hash_one(key)
+    }
+
+    /// The policy shard of the key with policy key `pkey`, which its entries name.
+    #[inline]
+    pub(crate) fn shard_of(&self, pkey: u64) -> u8 {
+        self.policy.shard_of(pkey)
     }
 
     /// The node of `key` (hash `hash`), whatever its state, uncounted.
@@ -302,7 +323,8 @@ where
             .active()
             .then(|| Box::new(refresh.state(now.get(), expires_at, delta, failures)));
         self.note_expiry(expires_at);
-        let entry = Entry::ready(self.next_version(), pkey, value, expires_at, refresh);
+        let shard = self.shard_of(pkey);
+        let entry = Entry::ready(self.next_version(), shard, value, expires_at, refresh);
         match self.settings.time_to_idle {
             Some(units) => entry.with_idle(now.get(), units),
             None => entry,
@@ -331,22 +353,23 @@ where
             |_| Decision::Put,
             &pinned.guard,
         );
-        let new = match outcome {
+        let write = match outcome {
             Outcome::Inserted(new) => {
                 pinned.count(Counter::Inserts);
-                new
+                Unreported::new(&self.policy, None, new)
             }
             Outcome::Replaced(old, new) => {
                 pinned.count(Counter::Updates);
-                // The policy tracks the key on: our write supersedes the old one there.
+                // The policy tracks the key on: our write takes the old one's record.
+                let write = Unreported::new(&self.policy, Some(old), new);
                 if self.replaced(old, true, &now, pinned) {
                     now.renew();
                 }
-                new
+                write
             }
             Outcome::Removed(_) | Outcome::Kept(..) => unreachable!("Put always stores"),
         };
-        self.admit(new, weight, &now, pinned);
+        self.admit(write, pkey, weight, &now, pinned);
     }
 
     /// Installs `node`, a load's `Loading` entry for `key` (hash `hash`), if the key's entry
@@ -385,7 +408,8 @@ where
         );
         match outcome {
             Outcome::Inserted(_) => true,
-            Outcome::Replaced(old, _) => {
+            Outcome::Replaced(old, load) => {
+                self.carry_in_policy(old, load);
                 self.replaced(old, !refresh, &self.once_now(), pinned);
                 true
             }
@@ -394,8 +418,9 @@ where
     }
 
     /// Ends the table's part of a load: if the table still holds `flight`'s `Loading` entry
-    /// (key hash `hash`), replaces it with `replacement` (a node and its weight, admitted at
-    /// `now`) or, without one, removes it (the policy forgets the write the load replaced).
+    /// (key hash `hash`), replaces it with `replacement` (a node, its weight and its key's
+    /// policy key, admitted at `now`) or, without one, removes it (the policy forgets the
+    /// record the load carried).
     /// Returns whether it did: an insert, an invalidation, a `forget` or a time-out may have
     /// come first. The entry is matched by its flight, so no key comparison (user code)
     /// runs, and a load's drop can end it too.
@@ -403,13 +428,13 @@ where
         &self,
         hash: u64,
         flight: &Arc<Flight<V>>,
-        replacement: Option<(Owned<EntryNode<K, V>>, u64)>,
+        replacement: Option<Replacement<K, V>>,
         now: &OnceNow<'_>,
         pinned: &Pinned<'_>,
     ) -> bool {
-        let (node, weight) = match replacement {
-            Some((n, w)) => (Some(n), w),
-            None => (None, 0),
+        let (node, weight, pkey) = match replacement {
+            Some((n, w, p)) => (Some(n), w, p),
+            None => (None, 0, 0),
         };
         let replacing = node.is_some();
         let ours = |n: &EntryNode<K, V>| matches!(&n.value.kind, Kind::Loading(f) if Arc::ptr_eq(f, flight));
@@ -423,12 +448,13 @@ where
             .table
             .update_node(hash, ours, node, decide, &pinned.guard)
         {
-            Outcome::Replaced(_, new) => {
-                self.admit(new, weight, now, pinned);
+            Outcome::Replaced(load, new) => {
+                let write = Unreported::new(&self.policy, Some(load), new);
+                self.admit(write, pkey, weight, now, pinned);
                 true
             }
-            Outcome::Removed(old) => {
-                self.forget_in_policy(old.value.pkey, old.value.version);
+            Outcome::Removed(load) => {
+                self.forget_in_policy(load);
                 true
             }
             Outcome::Inserted(_) | Outcome::Kept(..) => false,
@@ -452,8 +478,10 @@ where
         let node = self
             .table
             .remove(hash, |k| k.borrow() == key, &pinned.guard)?;
+        // Before the clock (user code) is read for `live`.
+        self.forget_in_policy(node);
         let live = node.value.live_value(|| self.now());
-        self.removed(node, cause, pinned);
+        self.after_removal(node, cause, pinned);
         Some(live)
     }
 
@@ -487,29 +515,31 @@ where
     }
 
     /// Removes the entry (or load in progress, detached) of the key with policy key `pkey`,
-    /// found through the policy, as an invalidation: whether there was one.
+    /// found through the policy, as an invalidation: whether there was one. What the policy
+    /// tracks is the key's last reported write; a write still on its way to the policy stays
+    /// (its writer checks the shared tier after it, see `fleet.rs`).
     #[cfg(feature = "redis")]
     pub(crate) fn remove_by_pkey(&self, pkey: u64) -> bool {
-        let Some(hash) = self.policy.with(pkey, |p| p.hash_of(pkey)) else {
-            return false;
-        };
         let pinned = self.pin();
-        let outcome = self.table.update_node(
-            hash,
-            |n| n.value.pkey == pkey,
-            None,
-            |cur| match cur {
-                Some(_) => Decision::Remove,
-                None => Decision::Keep,
-            },
-            &pinned.guard,
-        );
-        match outcome {
-            Outcome::Removed(node) => {
-                self.removed(node, RemovalCause::Invalidated, &pinned);
+        let guard = &pinned.guard;
+        let table = &self.table;
+        let removed = self.policy.with(self.shard_of(pkey), |p| {
+            let tracked = p.find(pkey)?;
+            // SAFETY: a tracked node is live under its shard's lock, which we hold.
+            let node = unsafe { admit::node_of::<K, V>(tracked) };
+            if !table.remove_node(node, guard) {
+                return None;
+            }
+            // SAFETY: we took it out of the table, under our pin, and hold the lock.
+            unsafe { p.remove(tracked) };
+            Some(node)
+        });
+        match removed {
+            Some(node) => {
+                self.after_removal(node, RemovalCause::Invalidated, &pinned);
                 true
             }
-            _ => false,
+            None => false,
         }
     }
 
@@ -521,18 +551,19 @@ where
     {
         let pinned = self.pin();
         let table = &self.table;
-        // As the policy's probe finds nodes: by policy key, no user code under its lock.
-        let pending = |pkey: u64, hash: u64| {
-            table
-                .get_node(hash, |n| n.value.pkey == pkey, &pinned.guard)
-                .map_or(0, |n| u64::from(n.value.policy.pending_hits()))
+        let look = |tracked| {
+            // SAFETY: read under the shard's lock, where a tracked node is live.
+            let node = unsafe { admit::node_of::<K, V>(tracked) };
+            (u64::from(node.value.policy.pending_hits()), node.hash)
         };
-        let ranked = self.policy.ranked(n, hottest, &pending);
+        let ranked = self.policy.ranked(n, hottest, &look);
         let now = self.now();
         ranked
             .iter()
             .filter_map(|r| {
-                let node = table.get_node(r.hash, |n| n.value.pkey == r.pkey, &pinned.guard)?;
+                // Found again by address: only a node the table holds may be read now.
+                let node =
+                    table.get_node(r.hash, |n| admit::tracked(n) == r.node, &pinned.guard)?;
                 node.value.live_value(|| now)?;
                 Some(node.key.clone())
             })

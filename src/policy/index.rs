@@ -41,6 +41,7 @@ fn low_of(slot: u64) -> u64 {
 
 impl Index {
     /// Entries held.
+    #[cfg(test)]
     pub(super) fn len(&self) -> usize {
         self.len
     }

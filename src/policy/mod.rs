@@ -11,13 +11,20 @@
 //! the hits are folded into the frequency sketch, and an entry hit since its last look gets a
 //! second chance in its region, as in CLOCK. So hits cost what they cost under CLOCK, and the
 //! sketch still counts every key's recent popularity, resident or not.
+//!
+//! Each entry is stored once, in the table's node. The policy's per-key record (its place in
+//! the recency lists, its weight) points at the node that holds the key's current write, and
+//! the node's [`EntryState`] says which record that is: victims are found, looked at and
+//! removed by that pointer, with no index from key to record and no second lookup by hash.
+//! How a record passes from one write of a key to the next, when writers report to the
+//! policy in another order than they wrote the table, is the succession of `tinylfu.rs`.
 
 mod index;
 mod sketch;
 mod tinylfu;
 mod window;
 
-pub(crate) use tinylfu::{Look, Probe, Ranked, Victim, Write};
+pub(crate) use tinylfu::{Look, Probe, Ranked, Tracked, Victim, Write};
 pub(crate) use window::{Requests, Served};
 
 use crossbeam_utils::CachePadded;
@@ -28,16 +35,30 @@ use crate::sync::{AtomicU32, AtomicU8, Mutex, Ordering};
 /// Hits an entry counts between two looks of the policy (more are not told apart).
 const MAX_HITS: u8 = 3;
 
-/// Per-entry use: hits since the policy last looked at the entry, and, with a
-/// `time_to_idle`, the idle deadline. Both fit in the padding before the entry's state, so
-/// the deadline costs no space.
-#[derive(Debug, Default)]
+/// Per-entry use, and the entry's place in the policy: hits since the policy last looked at
+/// the entry, the policy shard that tracks its key, with a `time_to_idle` the idle deadline,
+/// and the policy record tracking this write (see `tinylfu.rs`, "Succession"). All fit in the
+/// word and a half before the entry's state, so none of them costs the node a byte.
+#[derive(Debug)]
 pub(crate) struct EntryState {
     hits: AtomicU8,
+    /// The shard of the key's policy key (`Policy::shard_of`): where a removal reports.
+    shard: u8,
     /// The idle unit (see `clock::IDLE_SHIFT`) from which the entry counts as expired for
     /// want of use; 0: no idle expiry.
     idle_until: AtomicU32,
+    /// The number of the policy record that tracks this write, or [`UNREPORTED`] /
+    /// [`DETACHED`]. Read and written only under the lock of the entry's shard, which orders
+    /// every access: Relaxed.
+    record: AtomicU32,
 }
+
+/// The write has not been reported to the policy yet, and nothing displaced it.
+pub(crate) const UNREPORTED: u32 = u32::MAX;
+/// The policy tracks nothing through this node: it left the table and whoever took it out
+/// reported so, or the policy let its record go (an eviction), or it was a load that had no
+/// record to carry.
+pub(crate) const DETACHED: u32 = u32::MAX - 1;
 
 impl EntryState {
     /// Records a hit. Test before set: an entry already at `MAX_HITS` is only read, so a hot
@@ -51,12 +72,41 @@ impl EntryState {
         }
     }
 
-    /// An entry written at `now` (nanoseconds) that expires after `units` idle units unused.
-    pub(crate) fn idle_after(now: u64, units: u32) -> Self {
+    /// The state of a write of a key whose policy shard is `shard`, not yet reported.
+    pub(crate) fn new(shard: u8) -> Self {
         EntryState {
             hits: AtomicU8::new(0),
-            idle_until: AtomicU32::new(idle_deadline(now, units)),
+            shard,
+            idle_until: AtomicU32::new(0),
+            record: AtomicU32::new(UNREPORTED),
         }
+    }
+
+    /// This state, expiring after `units` idle units unused from `now` (nanoseconds).
+    pub(crate) fn idle_after(self, now: u64, units: u32) -> Self {
+        EntryState {
+            idle_until: AtomicU32::new(idle_deadline(now, units)),
+            ..self
+        }
+    }
+
+    /// The policy shard of the entry's key.
+    #[inline]
+    pub(crate) fn shard(&self) -> u8 {
+        self.shard
+    }
+
+    /// The policy record tracking this write (see [`UNREPORTED`], [`DETACHED`]). Under the
+    /// shard's lock.
+    #[inline]
+    pub(super) fn record(&self) -> u32 {
+        self.record.load(Ordering::Relaxed)
+    }
+
+    /// Sets the policy record tracking this write. Under the shard's lock.
+    #[inline]
+    pub(super) fn set_record(&self, record: u32) {
+        self.record.store(record, Ordering::Relaxed)
     }
 
     /// A use at `now` moves the idle deadline to `units` from now. Test before set: the
@@ -120,25 +170,44 @@ fn idle_deadline(now: u64, units: u32) -> u32 {
     }
 }
 
-/// What the cache needs from an eviction policy. Keys are policy keys (a seeded 64-bit hash
-/// of the key); versions identify writes and only grow.
+/// What the cache needs from an eviction policy. Entries are known by their node's
+/// [`EntryState`] ([`Tracked`]), keys by their policy key (a seeded 64-bit hash of the key).
+///
+/// # Safety
+/// The methods that take a `Tracked` are called under the lock of the entry's shard, by a
+/// thread pinned since before the entry left the table, if it did: the policy reads and
+/// writes the states it is handed and the ones it keeps (see `tinylfu.rs`, "Succession").
 pub(crate) trait EvictionPolicy: Send {
     /// The table now holds `write`; evictions needed to stay within capacity go to `out`.
     /// `probe` reports (and resets) an entry's hits and whether it expired; expired entries
     /// go first. `served` reads the cache's lookup counters (hits and misses so far).
-    fn write(
+    ///
+    /// # Safety
+    /// See the trait: `write.node` and `write.old` are live, and `write.node` was reported
+    /// nowhere before.
+    unsafe fn write(
         &mut self,
         write: Write,
         out: &mut Vec<Victim>,
         probe: &mut Probe<'_>,
         served: &Served<'_>,
     );
-    /// The table no longer holds write `version` of the key, nor any older one.
-    fn remove(&mut self, pkey: u64, version: u64);
-    /// The table hash of the tracked key with policy key `pkey`: how an entry known only by
-    /// its policy key is found (the shared tier's broadcasts).
+    /// `new`, a load in progress, took `old`'s place in the table: the record that tracked
+    /// `old`, if any, tracks `new` from now on, with no use counted.
+    ///
+    /// # Safety
+    /// As `write`.
+    unsafe fn carry(&mut self, old: Tracked, new: Tracked);
+    /// The table no longer holds `gone`, which the caller removed.
+    ///
+    /// # Safety
+    /// See the trait: `gone` is live.
+    unsafe fn remove(&mut self, gone: Tracked);
+    /// The write the policy tracks for the key with policy key `pkey`, if it keeps an index
+    /// by policy key (the shared tier's broadcasts name keys so). Live until the shard's lock
+    /// is released.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    fn hash_of(&self, pkey: u64) -> Option<u64>;
+    fn find(&self, pkey: u64) -> Option<Tracked>;
 }
 
 /// The fewest entries a shard of the policy holds. Each shard runs its own W-TinyLFU over
@@ -150,6 +219,9 @@ const MIN_SHARD_ENTRIES: u64 = 16_384;
 
 /// Shards per available core, at most: enough that two writers rarely want the same one.
 const SHARDS_PER_CORE: usize = 4;
+
+/// Shards at most: an entry names its shard in a byte.
+const MAX_SHARDS: usize = 256;
 
 /// Entries the frequency sketches of all shards are sized for together, at most (128 MiB of
 /// counters): a cache configured far larger than it will be does not pay for a sketch of
@@ -174,8 +246,9 @@ pub(crate) struct Policy {
 type Shard = (tinylfu::Core, Vec<Victim>);
 
 impl Policy {
-    /// A policy for `max_weight` units, seeded for its sketches; `weighted`: a weigher is set.
-    pub(crate) fn new(max_weight: u64, seed: u64, weighted: bool) -> Self {
+    /// A policy for `max_weight` units, seeded for its sketches; `weighted`: a weigher is set;
+    /// `by_pkey`: entries must be found by policy key (see [`EvictionPolicy::find`]).
+    pub(crate) fn new(max_weight: u64, seed: u64, weighted: bool, by_pkey: bool) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let count = if weighted {
             1
@@ -188,6 +261,9 @@ impl Policy {
                 let share = max_weight / count as u64 + u64::from(i < max_weight % count as u64);
                 let sketched = share.min(SKETCH_MAX_ENTRIES / count as u64);
                 let mut core = tinylfu::Core::with_sketch(share, sketched, seed.wrapping_add(i));
+                if by_pkey {
+                    core.index_by_pkey();
+                }
                 if !weighted {
                     core.reserve(share);
                 }
@@ -215,41 +291,50 @@ impl Policy {
     }
 
     /// The `n` entries the policy values most (`hottest`) or least, best first (see
-    /// `Core::ranked`), over all shards, each locked in turn for its walk. `pending` reads
-    /// an entry's hits not yet seen by the policy (by policy key and table hash), as a probe
-    /// does, without resetting them.
+    /// `Core::ranked`), over all shards, each locked in turn for its walk. `look` reads an
+    /// entry's hits not yet seen by the policy, as a probe does but without resetting them,
+    /// and its table hash.
+    /// A listed entry is found again in the table by its hash and address: its `Tracked`
+    /// may be read only under its shard's lock.
     pub(crate) fn ranked(
         &self,
         n: usize,
         hottest: bool,
-        pending: &dyn Fn(u64, u64) -> u64,
+        look: &dyn Fn(Tracked) -> (u64, u64),
     ) -> Vec<Ranked> {
         let mut all: Vec<Ranked> = Vec::new();
         for shard in self.shards.iter() {
             let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
-            all.extend(shard.0.ranked(n, hottest, pending));
+            all.extend(shard.0.ranked(n, hottest, look));
         }
         all.sort_unstable_by_key(|r| std::cmp::Reverse(r.pref));
         all.truncate(n);
         all
     }
 
-    /// Runs `f` on the locked shard of `pkey` (a write or a removal). The policy runs no user
-    /// code, so a panic while it is held cannot leave it half-updated by a caller: it is
-    /// taken over.
-    pub(crate) fn with<R>(&self, pkey: u64, f: impl FnOnce(&mut dyn EvictionPolicy) -> R) -> R {
-        self.with_scratch(pkey, |p, _| f(p))
+    /// The shard that tracks keys with policy key `pkey`.
+    #[inline]
+    pub(crate) fn shard_of(&self, pkey: u64) -> u8 {
+        // `checked_shr`: one shard shifts by 64, which selects shard 0. At most `MAX_SHARDS`.
+        pkey.checked_shr(self.shift).unwrap_or(0) as u8
+    }
+
+    /// Runs `f` on locked shard `shard` (a write or a removal). The policy runs no user code,
+    /// so a panic while it is held cannot leave it half-updated by a caller: it is taken
+    /// over.
+    pub(crate) fn with<R>(&self, shard: u8, f: impl FnOnce(&mut dyn EvictionPolicy) -> R) -> R {
+        self.with_scratch(shard, |p, _| f(p))
     }
 
     /// Like `with`, also lending the (empty) scratch list of victims.
     pub(crate) fn with_scratch<R>(
         &self,
-        pkey: u64,
+        shard: u8,
         f: impl FnOnce(&mut dyn EvictionPolicy, &mut Vec<Victim>) -> R,
     ) -> R {
-        // `checked_shr`: one shard shifts by 64, which selects shard 0.
-        let i = pkey.checked_shr(self.shift).unwrap_or(0) as usize;
-        let mut guard = self.shards[i].lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = self.shards[usize::from(shard)]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let (core, scratch) = &mut *guard;
         scratch.clear();
         let r = f(core, scratch);
@@ -259,11 +344,12 @@ impl Policy {
 }
 
 /// Shards for an unweighted policy of `max` entries on `cores` cores: a power of two, at
-/// most `SHARDS_PER_CORE` per core, each holding at least `MIN_SHARD_ENTRIES`.
+/// most `SHARDS_PER_CORE` per core and `MAX_SHARDS` in all, each holding at least
+/// `MIN_SHARD_ENTRIES`.
 fn shard_count(max: u64, cores: usize) -> usize {
     let by_size = usize::try_from(max / MIN_SHARD_ENTRIES).unwrap_or(usize::MAX);
     let by_cores = cores.saturating_mul(SHARDS_PER_CORE);
-    let n = by_size.min(by_cores).max(1);
+    let n = by_size.min(by_cores).clamp(1, MAX_SHARDS);
     // The largest power of two not above `n`.
     1 << (usize::BITS - 1 - n.leading_zeros())
 }
@@ -281,19 +367,19 @@ mod tests {
         assert_eq!(shard_count(100_000, 2), 4);
         assert_eq!(shard_count(10_000_000, 2), 8);
         assert_eq!(shard_count(10_000_000, 3), 8);
-        assert_eq!(shard_count(u64::MAX, usize::MAX), 1 << 49);
+        assert_eq!(shard_count(u64::MAX, usize::MAX), MAX_SHARDS);
     }
 
     #[test]
     #[cfg_attr(miri, ignore = "sketches for 100,000 entries, no unsafe code")]
     fn shares_sum_to_the_capacity_and_a_weigher_keeps_one_shard() {
-        let p = Policy::new(100_003, 1, false);
+        let p = Policy::new(100_003, 1, false, false);
         assert!(
             p.shards() >= 4,
             "100,003 entries on any machine: at least 4 shards"
         );
         let total: u64 = p.shards.iter().map(|s| s.lock().unwrap().0.max()).sum();
         assert_eq!(total, 100_003);
-        assert_eq!(Policy::new(100_003, 1, true).shards(), 1);
+        assert_eq!(Policy::new(100_003, 1, true, false).shards(), 1);
     }
 }

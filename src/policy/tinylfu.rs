@@ -6,17 +6,45 @@
 //! (see `window.rs`), so recency-heavy workloads get a large window and frequency-heavy ones
 //! a small one.
 //!
-//! Single-threaded: the cache runs it under a lock, fed by writes. Entries are known by their
-//! policy key (a seeded 64-bit hash of the key) and by the version of the write that put them
-//! in the table.
+//! Single-threaded: the cache runs it under a lock, fed by writes and removals. The policy
+//! keeps one record per key, which points at the table node of the key's current write
+//! ([`Tracked`]: the node's [`EntryState`]); the node names its record in turn.
+//!
+//! # Succession
+//!
+//! Every write of a key publishes a new node, and writers report to the policy after their
+//! table write, so reports of one key's writes can arrive in another order than the table
+//! saw them. The record passes from node to node by these rules, all applied under the
+//! shard's lock (`EntryState::record` holds a record number, [`UNREPORTED`] or
+//! [`DETACHED`]):
+//!
+//! - A node starts `UNREPORTED`. Whoever takes a node out of the table (a write that
+//!   replaces it, a removal, an eviction) reports it, and the report *detaches* it: its
+//!   record, if it has one, passes to the node that replaced it or is released, and the node
+//!   becomes `DETACHED`. A node leaves the table once, so it is detached once.
+//! - A write's report detaches the node it replaced, then looks at its own node. If that is
+//!   still `UNREPORTED`, the node takes the replaced node's record (a use of the key) or, if
+//!   there was none, a new one (a new key). If it is `DETACHED` already, its own successor or
+//!   remover reported first and found no record on it, so the record this write inherited is
+//!   released: nothing in the table holds the write it tracked.
+//! - A load in progress takes its predecessor's record the same way, without a use
+//!   (`carry`); a load with no record to take is `DETACHED` at once, as it is not tracked.
+//!
+//! So each record tracks exactly one node, whose `record` names it, and a node that left the
+//! table loses its record in the report of whoever took it out. That thread pinned the
+//! epoch before the node left the table and holds the pin until its report: a record's node
+//! is never freed while the record points at it, which is what lets the policy read it under
+//! the lock (the unsafe contract of [`EvictionPolicy`]). A victim is removed from the table by
+//! its node's address.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::ptr::NonNull;
 
 use super::index::Index;
 use super::sketch::Sketch;
 use super::window::{Resize, Served, Sizer};
-use super::EvictionPolicy;
+use super::{EntryState, EvictionPolicy, DETACHED, UNREPORTED};
 
 const NIL: u32 = u32::MAX;
 
@@ -47,13 +75,19 @@ const ADMIT_MARGIN: u64 = 1;
 /// are all seen twice and would each push out a fill key about to be read again.
 const UNCHALLENGED_MIN: u64 = 2;
 
+/// A write as the policy knows it: the policy state inside its table node. Valid only under
+/// the lock of its shard, by the rules of "Succession" above.
+pub(crate) type Tracked = NonNull<EntryState>;
+
 /// An entry as `Core::ranked` orders it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Ranked {
     /// Higher is listed first (see `preference`).
     pub(crate) pref: (u64, u8, u32),
-    pub(crate) pkey: u64,
+    /// The entry's table hash, read under the lock, to find its node again (by `node`'s
+    /// address) once the lock is released.
     pub(crate) hash: u64,
+    pub(crate) node: Tracked,
 }
 
 impl Ranked {
@@ -78,11 +112,11 @@ enum Region {
     Protected = 2,
 }
 
+/// A key's record: where it stands in the policy, and the node of its current write.
 #[derive(Debug, Clone)]
 struct PNode {
+    node: Tracked,
     pkey: u64,
-    hash: u64,
-    version: u64,
     /// At most `u32::MAX`: a weigher's answer (see `Write::weight`).
     weight: u32,
     region: Region,
@@ -118,22 +152,26 @@ fn stored_weight(weight: u64) -> u32 {
     u32::try_from(weight).unwrap_or(u32::MAX)
 }
 
-/// An entry the policy chose to evict: the caller removes it from the table if the table
-/// still holds that write (`version`) or an older one.
+/// An entry the policy chose to evict, already detached (its record released): the caller
+/// removes its node from the table, if the table still holds it and it is not a load in
+/// progress, while it holds the shard's lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Victim {
+    pub(crate) node: Tracked,
     pub(crate) pkey: u64,
-    pub(crate) hash: u64,
-    pub(crate) version: u64,
 }
 
-/// A write the table now holds: the key's policy key and hash, the write's version, and its
-/// weight.
+// SAFETY: a victim is held only under its shard's lock (in the shard's scratch list, empty
+// between writes), like the records it comes from (see `Core`'s `Send`).
+unsafe impl Send for Victim {}
+
+/// A write the table now holds: the key's policy key, the write's node, the node it
+/// replaced in the table (if any), and its weight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Write {
     pub(crate) pkey: u64,
-    pub(crate) hash: u64,
-    pub(crate) version: u64,
+    pub(crate) node: Tracked,
+    pub(crate) old: Option<Tracked>,
     pub(crate) weight: u64,
 }
 
@@ -153,7 +191,9 @@ pub(crate) type Probe<'a> = dyn FnMut(&Victim) -> Look + 'a;
 pub(crate) struct Core {
     nodes: Vec<PNode>,
     free: Vec<u32>,
-    index: Index,
+    /// From policy key to record, only where entries must be found by policy key (see
+    /// `EvictionPolicy::find`).
+    index: Option<Index>,
     lists: [List; 3],
     sketch: Sketch,
     max: u64,
@@ -183,7 +223,7 @@ impl Core {
         let mut core = Core {
             nodes: Vec::new(),
             free: Vec::new(),
-            index: Index::default(),
+            index: None,
             lists: [List::default(); 3],
             sketch: Sketch::new(sketched.min(max) as usize, seed),
             max,
@@ -217,6 +257,11 @@ impl Core {
         self.lists.iter().map(|l| l.weight).sum()
     }
 
+    /// Keeps an index from policy key to record, for `find`.
+    pub(crate) fn index_by_pkey(&mut self) {
+        self.index.get_or_insert_with(Index::default);
+    }
+
     /// Reserves room for `entries` nodes, up to `RESERVE_MAX_BYTES`, if the memory can be had:
     /// an unweighted policy knows how many nodes it will hold, and growing by doubling leaves
     /// the allocator holding the smaller arrays freed on the way. Reserved pages not yet
@@ -238,15 +283,15 @@ impl Core {
     }
 
     /// The `n` entries this shard values most (`hottest`) or least, best first: by the
-    /// sketch's frequency estimate plus the hits `pending` reports (by policy key and hash)
-    /// that the sketch has not seen yet, then by region (protected, window, probation: the
+    /// sketch's frequency estimate plus the hits that the sketch has not seen yet (`look`
+    /// reports them, with the entry's table hash), then by region (protected, window, probation: the
     /// order in which they would be kept), then by recency within the region. O(entries
     /// log n) time, O(n) memory.
     pub(crate) fn ranked(
         &self,
         n: usize,
         hottest: bool,
-        pending: &dyn Fn(u64, u64) -> u64,
+        look: &dyn Fn(Tracked) -> (u64, u64),
     ) -> Vec<Ranked> {
         // The `n` largest preferences: a min-heap of them, its least pushed out.
         let mut kept: BinaryHeap<Reverse<Ranked>> = BinaryHeap::new();
@@ -259,15 +304,12 @@ impl Core {
             let (mut i, mut position) = (self.lists[region as usize].head, 0u32);
             while i != NIL && n > 0 {
                 let node = &self.nodes[i as usize];
-                let score = (
-                    self.sketch.frequency(node.pkey) + pending(node.pkey, node.hash),
-                    rank,
-                    position,
-                );
+                let (pending, hash) = look(node.node);
+                let score = (self.sketch.frequency(node.pkey) + pending, rank, position);
                 kept.push(Reverse(Ranked {
                     pref: Ranked::preference(score, hottest),
-                    pkey: node.pkey,
-                    hash: node.hash,
+                    hash,
+                    node: node.node,
                 }));
                 if kept.len() > n {
                     kept.pop();
@@ -282,43 +324,73 @@ impl Core {
             .collect()
     }
 
-    /// Entries held.
-    #[cfg(test)]
+    /// Keys tracked.
     pub(crate) fn len(&self) -> usize {
-        self.index.len()
+        self.nodes.len() - self.free.len()
     }
 
-    /// Whether the policy holds this write of the key (or a newer one).
-    #[cfg(test)]
-    pub(crate) fn holds(&self, pkey: u64) -> Option<u64> {
-        self.find(pkey).map(|i| self.nodes[i as usize].version)
-    }
-
-    /// The node of `pkey`, if tracked.
+    /// The policy state of record `i`'s node.
     #[inline]
-    fn find(&self, pkey: u64) -> Option<u32> {
-        let nodes = &self.nodes;
-        self.index.get(pkey, |i| nodes[i as usize].pkey)
+    fn state(&self, i: u32) -> &EntryState {
+        // SAFETY: a record's node is live while the shard's lock is held, which `&self` of a
+        // shard implies ("Succession"; the contract of the `EvictionPolicy` methods).
+        unsafe { self.nodes[i as usize].node.as_ref() }
     }
 
+    /// Takes `node` out of the policy's view: it becomes `DETACHED`; the record it had, if
+    /// any, is returned for its successor to take or for release.
+    ///
+    /// # Safety
+    /// `node` is live, and it has left the table or is the load that took its place.
+    unsafe fn detach(&mut self, node: Tracked) -> Option<u32> {
+        // SAFETY: live (the caller's contract).
+        let state = unsafe { node.as_ref() };
+        let record = state.record();
+        state.set_record(DETACHED);
+        (record < DETACHED).then(|| {
+            debug_assert_eq!(self.nodes[record as usize].node, node);
+            record
+        })
+    }
+
+    /// Records a new key. A shard holds fewer than `DETACHED` records: each is a node in
+    /// memory, and 4 billion of them would take hundreds of gigabytes.
     fn alloc(&mut self, node: PNode) -> u32 {
-        match self.free.pop() {
+        let pkey = node.pkey;
+        let i = match self.free.pop() {
             Some(i) => {
                 self.nodes[i as usize] = node;
                 i
             }
             None => {
+                assert!(
+                    self.nodes.len() < DETACHED as usize,
+                    "herdcache: policy shard full"
+                );
                 self.nodes.push(node);
                 (self.nodes.len() - 1) as u32
             }
+        };
+        if let Some(index) = &mut self.index {
+            let nodes = &self.nodes;
+            index.insert(pkey, i, |i| nodes[i as usize].pkey);
         }
+        i
     }
 
+    /// Lets go of record `i` (unlinked already).
     fn release(&mut self, i: u32) {
-        let pkey = self.nodes[i as usize].pkey;
-        let nodes = &self.nodes;
-        self.index.remove(pkey, |i| nodes[i as usize].pkey);
+        if let Some(index) = &mut self.index {
+            let nodes = &self.nodes;
+            index.remove(nodes[i as usize].pkey, |i| nodes[i as usize].pkey);
+        }
         self.free.push(i);
+    }
+
+    /// Unlinks and releases record `i`.
+    fn drop_record(&mut self, i: u32) {
+        self.unlink(i);
+        self.release(i);
     }
 
     fn push(&mut self, i: u32, region: Region) {
@@ -489,16 +561,17 @@ impl Core {
     fn victim(&self, i: u32) -> Victim {
         let n = &self.nodes[i as usize];
         Victim {
+            node: n.node,
             pkey: n.pkey,
-            hash: n.hash,
-            version: n.version,
         }
     }
 
+    /// Evicts record `i`: its node is detached here, and the caller takes it out of the
+    /// table (a successor not yet reported then finds no record to take, and is a new key).
     fn evict(&mut self, i: u32, out: &mut Vec<Victim>) {
         out.push(self.victim(i));
-        self.unlink(i);
-        self.release(i);
+        self.state(i).set_record(DETACHED);
+        self.drop_record(i);
     }
 
     fn next_random(&mut self) -> u64 {
@@ -664,13 +737,18 @@ impl Core {
     }
 }
 
+// SAFETY: a `Core` is used by one thread at a time (the holder of its shard's lock). The
+// nodes its records point at are shared by every thread already (their policy state is
+// atomics), and are read only under that lock.
+unsafe impl Send for Core {}
+
 impl EvictionPolicy for Core {
     /// A write that the table now holds: a new key, or a new value (or weight) for a key.
     /// Evicts to stay within the capacity, pushing the victims to `out`.
     /// `probe` looks at a tracked entry: its hits since the last look (folded into the
     /// sketch, and a second chance in its region) and whether it has expired (evicted without
     /// a duel, before live ones). `served` reads the cache's lookup counters, for the sizer.
-    fn write(
+    unsafe fn write(
         &mut self,
         write: Write,
         out: &mut Vec<Victim>,
@@ -679,22 +757,32 @@ impl EvictionPolicy for Core {
     ) {
         let Write {
             pkey,
-            hash,
-            version,
+            node,
+            old,
             weight,
         } = write;
+        // SAFETY: `old` has left the table and `node` is live (the caller's contract).
+        let inherited = old.and_then(|o| unsafe { self.detach(o) });
+        // SAFETY: as above.
+        let state = unsafe { node.as_ref() };
+        if state.record() != UNREPORTED {
+            // Taken out of the table already, and reported: nothing holds the write that the
+            // inherited record tracked.
+            if let Some(i) = inherited {
+                self.drop_record(i);
+            }
+            return;
+        }
         // Second chances given in this call: each resets the entry's hits, so a pass over
         // every entry ends them; the bound also covers hits arriving meanwhile.
-        let mut budget = 2 * self.index.len() + 16;
+        let mut budget = 2 * self.len() + 16;
         self.sketch.increment(pkey);
-        let newest = match self.find(pkey) {
+        let newest = match inherited {
             Some(i) => {
+                state.set_record(i);
                 let n = &mut self.nodes[i as usize];
-                if n.version > version {
-                    return; // an older write, reported late: the newer one stands
-                }
-                n.version = version;
-                n.hash = hash;
+                debug_assert_eq!(n.pkey, pkey);
+                n.node = node;
                 let (region, old) = (n.region, u64::from(n.weight));
                 n.weight = stored_weight(weight);
                 if n.zoned {
@@ -707,9 +795,8 @@ impl EvictionPolicy for Core {
             }
             None => {
                 let i = self.alloc(PNode {
+                    node,
                     pkey,
-                    hash,
-                    version,
                     weight: stored_weight(weight),
                     region: Region::Window,
                     unchallenged: false,
@@ -717,8 +804,7 @@ impl EvictionPolicy for Core {
                     prev: NIL,
                     next: NIL,
                 });
-                let nodes = &self.nodes;
-                self.index.insert(pkey, i, |i| nodes[i as usize].pkey);
+                state.set_record(i);
                 self.push(i, Region::Window);
                 let resize = self.sizer.new_key(pkey, weight, served);
                 self.resize(resize, probe, &mut budget);
@@ -733,18 +819,33 @@ impl EvictionPolicy for Core {
         self.make_room(newest, out, probe, &mut budget);
     }
 
-    /// The table no longer holds the key's write `version` (nor, then, any older one).
-    fn remove(&mut self, pkey: u64, version: u64) {
-        if let Some(i) = self.find(pkey) {
-            if self.nodes[i as usize].version <= version {
-                self.unlink(i);
-                self.release(i);
+    unsafe fn carry(&mut self, old: Tracked, new: Tracked) {
+        // SAFETY: the caller's contract.
+        let inherited = unsafe { self.detach(old) };
+        // SAFETY: the caller's contract.
+        let state = unsafe { new.as_ref() };
+        match inherited {
+            Some(i) if state.record() == UNREPORTED => {
+                state.set_record(i);
+                self.nodes[i as usize].node = new;
             }
+            Some(i) => self.drop_record(i),
+            None if state.record() == UNREPORTED => state.set_record(DETACHED),
+            None => {}
         }
     }
 
-    fn hash_of(&self, pkey: u64) -> Option<u64> {
-        self.find(pkey).map(|i| self.nodes[i as usize].hash)
+    unsafe fn remove(&mut self, gone: Tracked) {
+        // SAFETY: the caller's contract.
+        if let Some(i) = unsafe { self.detach(gone) } {
+            self.drop_record(i);
+        }
+    }
+
+    fn find(&self, pkey: u64) -> Option<Tracked> {
+        let nodes = &self.nodes;
+        let i = self.index.as_ref()?.get(pkey, |i| nodes[i as usize].pkey)?;
+        Some(nodes[i as usize].node)
     }
 }
 
@@ -753,13 +854,23 @@ mod tests {
     use super::*;
     use crate::policy::window::Requests;
     use std::collections::HashMap;
+    use std::rc::Rc;
 
-    /// Hits recorded in the test's "entries", reported (and reset) at a look, and the
-    /// lookups served (a hit per `hit`, a miss per write).
+    /// The cache's side, as a policy sees it: a table of one node (a boxed policy state) per
+    /// key, the hits recorded in them (reported and reset at a look), and the lookups served
+    /// (a hit per `hit`, a miss per write). Writes report in table order unless a test
+    /// reorders them.
     #[derive(Default)]
     struct Entries {
+        /// Shared, not boxed: the policy writes through its own pointers to the nodes, which
+        /// a `Box` moved into the map would claim to own alone.
+        table: HashMap<u64, Rc<EntryState>>,
         hits: HashMap<u64, u8>,
         served: Requests,
+    }
+
+    fn tracked(state: &EntryState) -> Tracked {
+        NonNull::from(state)
     }
 
     impl Entries {
@@ -768,46 +879,92 @@ mod tests {
             *h = (*h + 1).min(3);
             self.served.hits += 1;
         }
-        fn look(&mut self, v: &Victim) -> Look {
-            Look {
-                hits: self.hits.remove(&v.pkey).unwrap_or(0),
+        /// Whether the table holds `key`: every key the policy has not evicted.
+        fn holds(&self, key: u64) -> bool {
+            self.table.contains_key(&key)
+        }
+        /// Takes the victims out of the table, as the cache does, checking each was the
+        /// key's node and is detached.
+        fn evicted(&mut self, out: &[Victim]) {
+            for v in out {
+                let node = self
+                    .table
+                    .remove(&v.pkey)
+                    .expect("a victim the table holds");
+                assert_eq!(tracked(&node), v.node, "the victim is the key's node");
+                assert_eq!(node.record(), DETACHED, "a victim is detached");
+                self.hits.remove(&v.pkey);
+            }
+        }
+        /// Writes `key` with `weight` (a new node replacing the key's last, reported at once),
+        /// looking at entries with `look` (by default, the hits recorded); returns the
+        /// victims, taken out of the table.
+        fn put(
+            &mut self,
+            core: &mut Core,
+            key: u64,
+            weight: u64,
+            look: Option<&mut Probe<'_>>,
+        ) -> Vec<Victim> {
+            let node = Rc::new(EntryState::new(0));
+            let write = Write {
+                pkey: key,
+                node: tracked(&node),
+                old: None,
+                weight,
+            };
+            let old = self.table.insert(key, node);
+            let write = Write {
+                old: old.as_deref().map(tracked),
+                ..write
+            };
+            self.served.misses += 1;
+            let served = self.served;
+            let mut out = Vec::new();
+            let hits = &mut self.hits;
+            let mut recorded = |v: &Victim| Look {
+                hits: hits.remove(&v.pkey).unwrap_or(0),
                 expired: false,
+            };
+            let look: &mut Probe<'_> = match look {
+                Some(look) => look,
+                None => &mut recorded,
+            };
+            // SAFETY: both nodes are live; the old one left the table just now.
+            unsafe { core.write(write, &mut out, look, &|| served) };
+            self.evicted(&out);
+            out
+        }
+        /// Every node in the table names its record, and each record points back at it.
+        fn check(&self, core: &Core) {
+            assert_eq!(core.len(), self.table.len(), "one record per key held");
+            for (key, node) in &self.table {
+                let r = node.record();
+                assert!(r < DETACHED, "key {key} has no record");
+                assert_eq!(core.nodes[r as usize].node, tracked(node));
+                assert_eq!(core.nodes[r as usize].pkey, *key);
             }
         }
     }
 
-    fn write_w(core: &mut Core, e: &mut Entries, key: u64, version: u64, w: u64) -> Vec<Victim> {
-        let mut out = Vec::new();
-        let write = Write {
-            pkey: key,
-            hash: key,
-            version,
-            weight: w,
-        };
-        e.served.misses += 1;
-        let served = e.served;
-        core.write(write, &mut out, &mut |v| e.look(v), &|| served);
-        for v in &out {
-            e.hits.remove(&v.pkey);
-        }
-        out
+    fn write_w(core: &mut Core, e: &mut Entries, key: u64, w: u64) -> Vec<Victim> {
+        e.put(core, key, w, None)
     }
 
-    /// A lookup of `key` as the cache does it: a hit if the policy holds the key, else a
-    /// miss and a write of the next version.
-    fn read(core: &mut Core, e: &mut Entries, key: u64, version: &mut u64) -> bool {
-        if core.holds(key).is_some() {
+    /// A lookup of `key` as the cache does it: a hit if the table holds the key, else a
+    /// miss and a write.
+    fn read(core: &mut Core, e: &mut Entries, key: u64) -> bool {
+        if e.holds(key) {
             e.hit(key);
             true
         } else {
-            *version += 1;
-            write(core, e, key, *version);
+            write(core, e, key);
             false
         }
     }
 
-    fn write(core: &mut Core, e: &mut Entries, key: u64, version: u64) -> Vec<Victim> {
-        write_w(core, e, key, version, 1)
+    fn write(core: &mut Core, e: &mut Entries, key: u64) -> Vec<Victim> {
+        write_w(core, e, key, 1)
     }
 
     #[test]
@@ -822,7 +979,7 @@ mod tests {
             if v % 3 == 0 {
                 e.hit(v % 40);
             }
-            for victim in write(&mut core, &mut e, key, v) {
+            for victim in write(&mut core, &mut e, key) {
                 assert!(
                     held.remove(&victim.pkey),
                     "victim {victim:?} reported twice"
@@ -838,17 +995,15 @@ mod tests {
     fn a_scan_does_not_flush_frequently_read_keys() {
         let mut core = Core::new(100, 9);
         let mut e = Entries::default();
-        let mut v = 0;
         for k in 0..50 {
-            v += 1;
-            write(&mut core, &mut e, k, v);
+            write(&mut core, &mut e, k);
         }
         // One-off keys stream through while the hot keys keep being read.
         for (i, k) in (1_000..21_000).enumerate() {
-            read(&mut core, &mut e, i as u64 % 50, &mut v);
-            read(&mut core, &mut e, k, &mut v);
+            read(&mut core, &mut e, i as u64 % 50);
+            read(&mut core, &mut e, k);
         }
-        let survivors = (0..50).filter(|k| core.holds(*k).is_some()).count();
+        let survivors = (0..50).filter(|&k| e.holds(k)).count();
         assert!(
             survivors >= 45,
             "only {survivors} of 50 hot keys survived the scan"
@@ -857,40 +1012,38 @@ mod tests {
 
     /// A policy of 100 entries filled with keys 0 to 99, none of them hit: 99 in the main
     /// space, all entered unchallenged, and one in the window.
-    fn filled(seed: u64) -> (Core, Entries, u64) {
+    fn filled(seed: u64) -> (Core, Entries) {
         let mut core = Core::new(100, seed);
         let mut e = Entries::default();
         for k in 0..100 {
-            write(&mut core, &mut e, k, k + 1);
+            write(&mut core, &mut e, k);
         }
-        (core, e, 100)
+        (core, e)
     }
 
     /// `filled`, then key 98 written again: promoted to protected, so the main space has had
     /// a hit and the other 98 fill keys are open to candidates seen twice.
-    fn filled_and_reused(seed: u64) -> (Core, Entries, u64) {
-        let (mut core, mut e, v) = filled(seed);
-        write(&mut core, &mut e, 98, v + 1);
-        (core, e, v + 1)
+    fn filled_and_reused(seed: u64) -> (Core, Entries) {
+        let (mut core, mut e) = filled(seed);
+        write(&mut core, &mut e, 98);
+        (core, e)
     }
 
     /// Writes each of `keys` `times` times in a row (each write counts in the sketch).
-    fn seen(core: &mut Core, e: &mut Entries, v: &mut u64, keys: std::ops::Range<u64>, times: u32) {
+    fn seen(core: &mut Core, e: &mut Entries, keys: std::ops::Range<u64>, times: u32) {
         for k in keys {
             for _ in 0..times {
-                *v += 1;
-                write(core, e, k, *v);
+                write(core, e, k);
             }
         }
     }
 
     #[test]
     fn keys_seen_twice_replace_keys_from_the_fill_that_were_never_hit() {
-        let (mut core, mut e, mut v) = filled_and_reused(11);
-        seen(&mut core, &mut e, &mut v, 1_000..1_050, 2);
-        v += 1;
-        write(&mut core, &mut e, 2_000, v); // pushes the last of them out of the window
-        let admitted = (1_000..1_050).filter(|k| core.holds(*k).is_some()).count();
+        let (mut core, mut e) = filled_and_reused(11);
+        seen(&mut core, &mut e, 1_000..1_050, 2);
+        write(&mut core, &mut e, 2_000); // pushes the last of them out of the window
+        let admitted = (1_000..1_050).filter(|&k| e.holds(k)).count();
         assert_eq!(admitted, 50, "seen twice against fill keys seen once");
     }
 
@@ -898,20 +1051,18 @@ mod tests {
     fn the_fill_keeps_the_margin_until_the_main_space_has_a_hit() {
         // The second pass of a loop longer than the cache: every key that misses is seen
         // twice, and the fill keys it would push out come round at the end of the pass.
-        let (mut core, mut e, mut v) = filled(11);
-        seen(&mut core, &mut e, &mut v, 1_000..1_050, 2);
-        v += 1;
-        write(&mut core, &mut e, 2_000, v); // pushes the last of them out of the window
-        assert_eq!((0..99).filter(|k| core.holds(*k).is_some()).count(), 99);
+        let (mut core, mut e) = filled(11);
+        seen(&mut core, &mut e, 1_000..1_050, 2);
+        write(&mut core, &mut e, 2_000); // pushes the last of them out of the window
+        assert_eq!((0..99).filter(|&k| e.holds(k)).count(), 99);
 
         // A fill key read again: found at the next duel and promoted. From then on, keys
         // seen twice replace the fill keys that were never hit.
         e.hit(0);
-        seen(&mut core, &mut e, &mut v, 3_000..3_050, 2);
-        v += 1;
-        write(&mut core, &mut e, 4_000, v);
-        assert!(core.holds(0).is_some(), "the key read again stays");
-        let admitted = (3_000..3_050).filter(|k| core.holds(*k).is_some()).count();
+        seen(&mut core, &mut e, 3_000..3_050, 2);
+        write(&mut core, &mut e, 4_000);
+        assert!(e.holds(0), "the key read again stays");
+        let admitted = (3_000..3_050).filter(|&k| e.holds(k)).count();
         assert_eq!(admitted, 50, "seen twice against fill keys seen once");
     }
 
@@ -920,42 +1071,37 @@ mod tests {
         // A long loop's first keys look like this until it comes round again. 700 newcomers
         // take the sketch through a halving (every 640 increments here): the fill keys are
         // then estimated at 0, and each newcomer after it at 1.
-        let (mut core, mut e, mut v) = filled_and_reused(11);
-        seen(&mut core, &mut e, &mut v, 1_000..1_700, 1);
-        let held = (0..99).filter(|k| core.holds(*k).is_some()).count();
+        let (mut core, mut e) = filled_and_reused(11);
+        seen(&mut core, &mut e, 1_000..1_700, 1);
+        let held = (0..99).filter(|&k| e.holds(k)).count();
         assert_eq!(held, 99, "a newcomer seen once replaced a fill key");
     }
 
     #[test]
     fn keys_that_won_their_duel_keep_the_margin() {
-        let (mut core, mut e, mut v) = filled_and_reused(11);
+        let (mut core, mut e) = filled_and_reused(11);
         // Seen twice: they replace the 98 fill keys in probation, and are in the main space
         // by duel.
-        seen(&mut core, &mut e, &mut v, 1_000..1_098, 2);
+        seen(&mut core, &mut e, 1_000..1_098, 2);
         // Seen three times: one more than the winners, which is not enough against them.
-        seen(&mut core, &mut e, &mut v, 3_000..3_030, 3);
-        v += 1;
-        write(&mut core, &mut e, 4_000, v); // pushes the last of them out of the window
-        assert_eq!(
-            (1_000..1_098).filter(|k| core.holds(*k).is_some()).count(),
-            98
-        );
-        assert!((3_000..3_030).all(|k| core.holds(k).is_none()));
+        seen(&mut core, &mut e, 3_000..3_030, 3);
+        write(&mut core, &mut e, 4_000); // pushes the last of them out of the window
+        assert_eq!((1_000..1_098).filter(|&k| e.holds(k)).count(), 98);
+        assert!((3_000..3_030).all(|k| !e.holds(k)));
     }
 
     #[test]
     fn only_hits_near_the_cold_end_count_as_the_main_space_s_loss() {
         // 100 entries: a reach of 3, a window of 1, 98 in probation (0 the coldest).
-        let (mut core, mut e, mut v) = filled_and_reused(11);
-        v += 1;
-        write(&mut core, &mut e, 1_000, v); // the first duel: 0, 1 and 2 enter the cold zone
+        let (mut core, mut e) = filled_and_reused(11);
+        write(&mut core, &mut e, 1_000); // the first duel: 0, 1 and 2 enter the cold zone
         e.hit(1); // in the zone: a main space 3 smaller would have lost this hit
         e.hit(50); // far from it: promoted when it enters the zone, no loss
 
         // Keys seen twice replace the fill keys one by one, taking the cold end past 50.
-        seen(&mut core, &mut e, &mut v, 2_000..2_060, 2);
-        assert!(core.holds(1).is_some() && core.holds(50).is_some());
-        assert!(core.holds(51).is_none(), "the cold end went past 50");
+        seen(&mut core, &mut e, 2_000..2_060, 2);
+        assert!(e.holds(1) && e.holds(50));
+        assert!(!e.holds(51), "the cold end went past 50");
         assert_eq!(core.sizer.pending_loss(), 1.0);
     }
 
@@ -964,9 +1110,9 @@ mod tests {
     fn run(capacity: u64, accesses: u64, mut next_key: impl FnMut(u64) -> u64) -> (f64, f64) {
         let mut core = Core::new(capacity, 5);
         let mut e = Entries::default();
-        let (mut v, mut hits) = (0, 0);
+        let mut hits = 0;
         for i in 0..accesses {
-            hits += u64::from(read(&mut core, &mut e, next_key(i), &mut v));
+            hits += u64::from(read(&mut core, &mut e, next_key(i)));
         }
         (
             core.window_max as f64 / capacity as f64,
@@ -1049,7 +1195,6 @@ mod tests {
     #[cfg_attr(miri, ignore = "safe code, 220,000 lookups: too slow under Miri")]
     fn a_loop_after_a_recency_phase_gets_the_small_window_back() {
         let (mut core, mut e) = (Core::new(100, 5), Entries::default());
-        let mut v = 0;
         // Recency first: a third of the lookups are of a new key, the others of one of the
         // 60 newest keys. The window grows to nearly all of the cache; about half the
         // lookups hit.
@@ -1064,7 +1209,7 @@ mod tests {
             } else {
                 newest.saturating_sub((rng >> 8) % 60)
             };
-            read(&mut core, &mut e, key, &mut v);
+            read(&mut core, &mut e, key);
         }
         assert!(
             core.window_max > 80,
@@ -1077,7 +1222,7 @@ mod tests {
         // in misses, which looks like a reason to keep it large.)
         let mut hits = 0;
         for i in 0..20_000u64 {
-            hits += u64::from(read(&mut core, &mut e, 1 << 40 | (i % 120), &mut v));
+            hits += u64::from(read(&mut core, &mut e, 1 << 40 | (i % 120)));
         }
         assert!(
             core.window_max < 20,
@@ -1088,56 +1233,140 @@ mod tests {
     }
 
     #[test]
-    fn a_late_report_of_an_older_write_is_ignored() {
-        let mut core = Core::new(10, 1);
-        let mut e = Entries::default();
-        write(&mut core, &mut e, 1, 5);
-        write(&mut core, &mut e, 1, 3);
-        assert_eq!(core.holds(1), Some(5));
-        core.remove(1, 4);
-        assert_eq!(
-            core.holds(1),
-            Some(5),
-            "removing an older write keeps the newer"
-        );
-        core.remove(1, 5);
-        assert_eq!(core.holds(1), None);
-    }
-
-    #[test]
     fn expired_entries_go_before_live_ones() {
         let mut core = Core::new(4, 1);
+        let mut e = Entries::default();
         for k in 0..4 {
-            write(&mut core, &mut Entries::default(), k, k);
+            write(&mut core, &mut e, k);
         }
-        let mut out = Vec::new();
-        let write = Write {
-            pkey: 9,
-            hash: 9,
-            version: 9,
-            weight: 1,
-        };
         let look = &mut |v: &Victim| Look {
             hits: 0,
             expired: v.pkey == 0,
         };
-        core.write(write, &mut out, look, &Requests::default);
+        let out = e.put(&mut core, 9, 1, Some(look));
         // 0 is the main space's victim: expired, it goes without a duel (which the candidate
         // leaving the window, 3, would have lost: it is no more frequent than 0).
         assert_eq!(out.iter().map(|v| v.pkey).collect::<Vec<_>>(), [0]);
-        assert!(core.holds(3).is_some() && core.holds(9).is_some());
+        assert!(e.holds(3) && e.holds(9));
+        e.check(&core);
+    }
+
+    /// Reports of one key's writes and removals in every order the table allows: `A`
+    /// replaced `O`, then `B` replaced `A` (or a removal took `A` out), reported in the
+    /// reverse order.
+    #[test]
+    fn a_record_follows_the_key_whatever_order_its_writes_report_in() {
+        let write = |core: &mut Core, node: &EntryState, old: Option<&EntryState>| {
+            let w = Write {
+                pkey: 7,
+                node: tracked(node),
+                old: old.map(tracked),
+                weight: 1,
+            };
+            let mut out = Vec::new();
+            // SAFETY: every node lives to the end of the test.
+            unsafe { core.write(w, &mut out, &mut |_| Look::default(), &Requests::default) };
+            assert!(out.is_empty(), "a cache of 10 evicts nothing here");
+        };
+        let nodes: Vec<EntryState> = (0..3).map(|_| EntryState::new(0)).collect();
+        let (o, a, b) = (&nodes[0], &nodes[1], &nodes[2]);
+
+        // In order: each write takes its predecessor's record.
+        let mut core = Core::new(10, 1);
+        write(&mut core, o, None);
+        write(&mut core, a, Some(o));
+        write(&mut core, b, Some(a));
+        assert_eq!((core.len(), core.weight()), (1, 1));
+        assert_eq!(core.nodes[b.record() as usize].node, tracked(b));
+        assert_eq!((o.record(), a.record()), (DETACHED, DETACHED));
+
+        // B reports before A: A is detached by B's report, so A's report releases the record
+        // it takes from O, and B is the key's one record.
+        let nodes: Vec<EntryState> = (0..3).map(|_| EntryState::new(0)).collect();
+        let (o, a, b) = (&nodes[0], &nodes[1], &nodes[2]);
+        let mut core = Core::new(10, 1);
+        write(&mut core, o, None);
+        write(&mut core, b, Some(a));
+        write(&mut core, a, Some(o));
+        assert_eq!((core.len(), core.weight()), (1, 1));
+        assert_eq!(core.nodes[b.record() as usize].node, tracked(b));
+        assert_eq!((o.record(), a.record()), (DETACHED, DETACHED));
+
+        // A removal of A reports before A's write: nothing of the key is left.
+        let nodes: Vec<EntryState> = (0..2).map(|_| EntryState::new(0)).collect();
+        let (o, a) = (&nodes[0], &nodes[1]);
+        let mut core = Core::new(10, 1);
+        write(&mut core, o, None);
+        // SAFETY: live.
+        unsafe { core.remove(tracked(a)) };
+        write(&mut core, a, Some(o));
+        assert_eq!((core.len(), core.weight()), (0, 0));
+
+        // A load takes O's place and carries its record; the value that ends it takes it on.
+        let nodes: Vec<EntryState> = (0..3).map(|_| EntryState::new(0)).collect();
+        let (o, load, done) = (&nodes[0], &nodes[1], &nodes[2]);
+        let mut core = Core::new(10, 1);
+        write(&mut core, o, None);
+        let record = o.record();
+        // SAFETY: live.
+        unsafe { core.carry(tracked(o), tracked(load)) };
+        assert_eq!(load.record(), record, "the load carries the key's record");
+        write(&mut core, done, Some(load));
+        assert_eq!(done.record(), record, "and hands it on");
+        assert_eq!(core.len(), 1);
+
+        // A load with no record to carry is not tracked, and its value is a new key.
+        let nodes: Vec<EntryState> = (0..2).map(|_| EntryState::new(0)).collect();
+        let (load, done) = (&nodes[0], &nodes[1]);
+        let mut core = Core::new(10, 1);
+        // SAFETY: live.
+        unsafe { core.remove(tracked(load)) };
+        write(&mut core, done, Some(load));
+        assert_eq!(core.len(), 1);
+    }
+
+    #[test]
+    fn an_evicted_key_s_unreported_successor_is_a_new_key() {
+        let write = |core: &mut Core, pkey: u64, node: &EntryState, old: Option<Tracked>| {
+            let w = Write {
+                pkey,
+                node: tracked(node),
+                old,
+                weight: 1,
+            };
+            let mut out = Vec::new();
+            // SAFETY: every node lives to the end of the test.
+            unsafe { core.write(w, &mut out, &mut |_| Look::default(), &Requests::default) };
+            out
+        };
+        let nodes: Vec<EntryState> = (0..3).map(|_| EntryState::new(0)).collect();
+        let (a, b, successor) = (&nodes[0], &nodes[1], &nodes[2]);
+        let mut core = Core::new(1, 1);
+        assert!(write(&mut core, 1, a, None).is_empty());
+        let out = write(&mut core, 2, b, None);
+        assert_eq!(out.len(), 1, "a cache of 1 holds one key");
+        let victim = out[0];
+        // SAFETY: live.
+        assert_eq!(unsafe { victim.node.as_ref() }.record(), DETACHED);
+        // A write that replaced the victim in the table before the eviction took it, and
+        // reports after: the record is gone, so the write is a new key, and the cache still
+        // holds one.
+        let out = write(&mut core, victim.pkey, successor, Some(victim.node));
+        assert!(successor.record() < DETACHED, "the successor is tracked");
+        assert_eq!(out.len(), 1);
+        assert_eq!(core.len(), 1);
     }
 
     #[test]
     fn weights_count_against_the_capacity() {
         let mut core = Core::new(10, 1);
         let mut e = Entries::default();
-        assert!(write_w(&mut core, &mut e, 1, 1, 4).is_empty());
-        assert!(write_w(&mut core, &mut e, 2, 2, 4).is_empty());
-        assert_eq!(write_w(&mut core, &mut e, 3, 3, 4).len(), 1);
+        assert!(write_w(&mut core, &mut e, 1, 4).is_empty());
+        assert!(write_w(&mut core, &mut e, 2, 4).is_empty());
+        assert_eq!(write_w(&mut core, &mut e, 3, 4).len(), 1);
         assert!(core.weight() <= 10);
         // Heavier than the whole cache: evicted at once.
-        let out = write_w(&mut core, &mut e, 4, 4, 11);
+        let out = write_w(&mut core, &mut e, 4, 11);
         assert!(out.iter().any(|v| v.pkey == 4));
         assert!(core.weight() <= 10);
     }

@@ -504,11 +504,11 @@ impl<K, V> Table<K, V> {
                 if to.place_copy(p, hash, guard) {
                     placed += 1;
                 } else {
-                    // Unreachable with `size_for`'s head room; dropping the entry (an
-                    // eviction, for a cache) is the safe answer if it ever happens.
+                    // Unreachable with `size_for`'s head room. If it ever happened, the entry
+                    // would be dropped from the table but not freed: whoever holds its
+                    // address outside the table (a cache's policy) can still read it, and
+                    // only the one who takes a node out of the table knows to tell them.
                     self.len.fetch_sub(1, Ordering::Relaxed);
-                    // SAFETY: frozen in `from` and placed nowhere else, so unlinked.
-                    unsafe { retire(p, guard) };
                 }
             }
             // Relaxed: the count steers when writers migrate again, which they do only after
