@@ -185,6 +185,88 @@ fn a_panicking_clone_or_eq_after_a_loader_panic_does_not_abort() {
     }
 }
 
+/// A key whose `Hash` disagrees with its `Eq`: it hashes a salt that equality ignores.
+#[derive(Debug)]
+struct Salted {
+    id: u64,
+    salt: u64,
+}
+
+impl Hash for Salted {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
+        self.salt.hash(state);
+    }
+}
+
+impl PartialEq for Salted {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+impl Eq for Salted {}
+
+/// A table hasher that keeps the first word written (a `Salted`'s id) and ignores the rest,
+/// so that the table finds a key's earlier write whatever its salt, while the eviction
+/// policy, which hashes the whole key, sees a new key at each salt.
+#[derive(Default, Clone)]
+struct FirstWord(Option<u64>);
+
+impl Hasher for FirstWord {
+    fn finish(&self) -> u64 {
+        self.0.unwrap_or(0).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0.get_or_insert(n);
+    }
+}
+
+#[test]
+fn a_key_whose_hash_disagrees_with_its_eq_keeps_the_bound_and_the_policy_whole() {
+    // Large enough for several policy shards, so that a key's writes land in different ones.
+    const CAP: u64 = 1 << 16;
+    let c: Cache<Salted, u64, _> = Cache::builder()
+        .max_capacity(CAP)
+        .hasher(std::hash::BuildHasherDefault::<FirstWord>::default())
+        .build()
+        .unwrap();
+    let salted = |id, salt| Salted { id, salt };
+    c.insert(salted(0, 0), 0);
+    c.insert(salted(0, 1), 1);
+    assert_eq!(
+        c.entry_count(),
+        1,
+        "premise: the table matched the key's second write with its first"
+    );
+    for id in 1..=2 * CAP {
+        c.insert(salted(id, 0), id);
+        c.insert(salted(id, 1), id);
+        assert!(
+            c.entry_count() <= CAP,
+            "{} entries at capacity {CAP}",
+            c.entry_count()
+        );
+    }
+    assert_eq!(
+        c.weighted_size(),
+        c.entry_count(),
+        "the policy weighs exactly the entries the table holds"
+    );
+    c.invalidate_all();
+    assert_eq!((c.entry_count(), c.weighted_size()), (0, 0));
+    // A cache refilled with ordinary writes fills, within its bound.
+    for id in 0..2 * CAP {
+        c.insert(salted(id, 0), id);
+    }
+    assert!(c.entry_count() <= CAP && c.entry_count() > CAP / 2);
+    assert_eq!(c.weighted_size(), c.entry_count());
+}
+
 #[test]
 fn a_resident_key_whose_hash_panics_leaves_other_writes_and_the_bound_alone() {
     quietly(|| {

@@ -10,7 +10,7 @@ use super::{Engine, EntryNode};
 use crate::clock::OnceNow;
 use crate::entry::Entry;
 use crate::local::Pinned;
-use crate::policy::{Look, Tracked, Victim, Write};
+use crate::policy::{Look, Policy, Tracked, Victim, Write};
 use crate::removal::RemovalCause;
 use crate::stats::Counter;
 
@@ -75,16 +75,17 @@ where
     /// Tells the policy that the table no longer holds `node`, which the caller took out
     /// (see `tinylfu.rs`, "Succession": before any user code runs after the table write).
     pub(crate) fn forget_in_policy(&self, node: &EntryNode<K, V>) {
-        self.policy.with(node.value.policy.shard(), |p| {
-            // SAFETY: the caller took the node out of the table under its pin, which it still
-            // holds, and reports it once; we hold the shard's lock.
-            unsafe { p.remove(tracked(node)) }
-        });
+        forget(&self.policy, node);
     }
 
     /// Tells the policy that `load`, a load in progress, took `old`'s place in the table:
     /// the key stays tracked through it.
     pub(super) fn carry_in_policy(&self, old: &EntryNode<K, V>, load: &EntryNode<K, V>) {
+        let Some(old) = successor(&self.policy, old, load) else {
+            // Nothing to carry: the load is untracked, as one that replaced nothing.
+            self.forget_in_policy(load);
+            return;
+        };
         self.policy.with(load.value.policy.shard(), |p| {
             // SAFETY: as `forget_in_policy`; `load` was published by the caller, under its
             // pin.
@@ -133,14 +134,20 @@ where
         now: &OnceNow<'_>,
         pinned: &Pinned<'_>,
     ) {
-        let node = write.new;
         let guard = &pinned.guard;
         let table = &self.table;
-        // The clock is user code: read it before taking the lock if anything can expire, so
-        // that the looks below only read the reading.
-        if self.expiring.load(Ordering::Relaxed) {
-            now.get();
-        }
+        // The clock is user code, which must not run under the lock: read it before, if
+        // anything can expire. An entry given the first expiry after this check counts as
+        // unexpired here (time 0), and is evicted by size rather than as expired.
+        let read = if self.expiring.load(Ordering::Relaxed) {
+            now.get()
+        } else {
+            0
+        };
+        let at = || read;
+        // Reported from here on: nothing below can unwind before the policy has heard of the
+        // write, and the guard must not relock the shard if the policy itself panics.
+        let (old, node) = write.into_parts();
         // Collected for the listener, which must run outside the lock; without one, nothing
         // is collected (and nothing allocated).
         let listening = self.hooks.listener.is_some();
@@ -154,20 +161,19 @@ where
                     let n = unsafe { node_of::<K, V>(v.node) };
                     Look {
                         hits: n.value.policy.take_hits(),
-                        expired: n.value.is_expired(|| now.get()),
+                        expired: n.value.is_expired(at),
                     }
                 };
                 let report = Write {
                     pkey,
                     node: tracked(node),
-                    old: write.old.map(tracked),
+                    old: old.map(tracked),
                     weight,
                 };
                 let counters = self.domain.counters();
                 // SAFETY: `node` was published and `old` taken out of the table by this
                 // thread, pinned since before either, which reports them here, once.
                 unsafe { policy.write(report, victims, &mut probe, &|| counters.requests()) };
-                write.reported();
                 for v in victims.iter() {
                     // SAFETY: as in the probe; the victim is detached, and leaves the table
                     // here (under our pin) or has left it already.
@@ -180,7 +186,7 @@ where
                     let cause = if std::ptr::eq(victim, node) {
                         pinned.count(Counter::Evictions);
                         RemovalCause::Oversized
-                    } else if victim.value.is_expired(|| now.get()) {
+                    } else if victim.value.is_expired(at) {
                         pinned.count(Counter::Expirations);
                         RemovalCause::Expired
                     } else {
@@ -211,7 +217,7 @@ where
 /// record, so that no record is left on a node out of the table.
 #[must_use = "a write must be reported to the policy"]
 pub(crate) struct Unreported<'a, K, V> {
-    policy: &'a crate::policy::Policy,
+    policy: &'a Policy,
     old: Option<&'a EntryNode<K, V>>,
     new: &'a EntryNode<K, V>,
     armed: bool,
@@ -220,28 +226,32 @@ pub(crate) struct Unreported<'a, K, V> {
 impl<'a, K, V> Unreported<'a, K, V> {
     /// `new`, just published by the caller in place of `old`, if any.
     pub(super) fn new(
-        policy: &'a crate::policy::Policy,
+        policy: &'a Policy,
         old: Option<&'a EntryNode<K, V>>,
         new: &'a EntryNode<K, V>,
     ) -> Self {
         Unreported {
             policy,
-            old,
+            old: old.and_then(|old| successor(policy, old, new)),
             new,
             armed: true,
         }
     }
 
-    /// The write was reported.
-    fn reported(mut self) {
+    /// The write, to be reported by the caller with nothing that can unwind in between:
+    /// what it replaced (in its shard), and its node.
+    fn into_parts(mut self) -> (Option<&'a EntryNode<K, V>>, &'a EntryNode<K, V>) {
         self.armed = false;
+        (self.old, self.new)
     }
 }
 
 impl<K, V> Drop for Unreported<'_, K, V> {
     fn drop(&mut self) {
         let (Some(old), true) = (self.old, self.armed) else {
-            // Reported; or a new key, whose node is simply left untracked.
+            // Reported; or a new key, whose node is left `UNREPORTED`: the policy has no
+            // record of it, which it cannot evict, until its key is written or removed again
+            // (this write's weight is then not counted).
             return;
         };
         let new = self.new;
@@ -250,6 +260,31 @@ impl<K, V> Drop for Unreported<'_, K, V> {
             unsafe { p.carry(tracked(old), tracked(new)) }
         });
     }
+}
+
+/// `old`, the node `new` replaced in the table, if its record may pass to `new`. Records pass
+/// only within a shard, and the keys of both nodes are equal, so share a shard, unless their
+/// `Hash` disagrees with their `Eq` (or with itself): then `old` is reported removed in its
+/// own shard, now, and `new` is reported as a new key.
+fn successor<'a, K, V>(
+    policy: &Policy,
+    old: &'a EntryNode<K, V>,
+    new: &EntryNode<K, V>,
+) -> Option<&'a EntryNode<K, V>> {
+    if old.value.policy.shard() == new.value.policy.shard() {
+        return Some(old);
+    }
+    forget(policy, old);
+    None
+}
+
+/// Tells `policy` that the table no longer holds `node`, as `Engine::forget_in_policy`.
+fn forget<K, V>(policy: &Policy, node: &EntryNode<K, V>) {
+    policy.with(node.value.policy.shard(), |p| {
+        // SAFETY: the caller took the node out of the table under its pin, which it still
+        // holds, and reports it once; we hold the shard's lock.
+        unsafe { p.remove(tracked(node)) }
+    });
 }
 
 /// Where a node's policy state lies in it.

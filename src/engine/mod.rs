@@ -524,15 +524,15 @@ where
         let guard = &pinned.guard;
         let table = &self.table;
         let removed = self.policy.with(self.shard_of(pkey), |p| {
-            let tracked = p.find(pkey)?;
-            // SAFETY: a tracked node is live under its shard's lock, which we hold.
-            let node = unsafe { admit::node_of::<K, V>(tracked) };
-            if !table.remove_node(node, guard) {
-                return None;
-            }
+            // The record whose node the table holds, taken out here.
+            let tracked = p.find(pkey, &mut |tracked| {
+                // SAFETY: a tracked node is live under its shard's lock, which we hold.
+                table.remove_node(unsafe { admit::node_of::<K, V>(tracked) }, guard)
+            })?;
             // SAFETY: we took it out of the table, under our pin, and hold the lock.
             unsafe { p.remove(tracked) };
-            Some(node)
+            // SAFETY: as above.
+            Some(unsafe { admit::node_of::<K, V>(tracked) })
         });
         match removed {
             Some(node) => {

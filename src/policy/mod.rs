@@ -203,11 +203,13 @@ pub(crate) trait EvictionPolicy: Send {
     /// # Safety
     /// See the trait: `gone` is live.
     unsafe fn remove(&mut self, gone: Tracked);
-    /// The write the policy tracks for the key with policy key `pkey`, if it keeps an index
-    /// by policy key (the shared tier's broadcasts name keys so). Live until the shard's lock
-    /// is released.
+    /// The first write tracked for the key with policy key `pkey` that `wanted` accepts, if
+    /// the policy keeps an index by policy key (the shared tier's broadcasts name keys so).
+    /// A key may have two records for a moment, one on a node already out of the table,
+    /// while its writes report (see `tinylfu.rs`, "Succession"). Live until the shard's
+    /// lock is released.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    fn find(&self, pkey: u64) -> Option<Tracked>;
+    fn find(&self, pkey: u64, wanted: &mut dyn FnMut(Tracked) -> bool) -> Option<Tracked>;
 }
 
 /// The fewest entries a shard of the policy holds. Each shard runs its own W-TinyLFU over
