@@ -979,6 +979,26 @@ mod tests {
         write_w(core, e, key, 1)
     }
 
+    /// Reports a write of weight 1 of `node` for `pkey`, in place of `old`, with no hits to
+    /// look at; returns the victims. The nodes must live to the end of the test.
+    fn report(
+        core: &mut Core,
+        pkey: u64,
+        node: &EntryState,
+        old: Option<&EntryState>,
+    ) -> Vec<Victim> {
+        let w = Write {
+            pkey,
+            node: tracked(node),
+            old: old.map(tracked),
+            weight: 1,
+        };
+        let mut out = Vec::new();
+        // SAFETY: the nodes are live (the caller's word).
+        unsafe { core.write(w, &mut out, &mut |_| Look::default(), &Requests::default) };
+        out
+    }
+
     /// Also Miri's look at the policy's pointers into the nodes through eviction churn, so
     /// fewer writes there.
     #[test]
@@ -1271,15 +1291,7 @@ mod tests {
     #[test]
     fn a_record_follows_the_key_whatever_order_its_writes_report_in() {
         let write = |core: &mut Core, node: &EntryState, old: Option<&EntryState>| {
-            let w = Write {
-                pkey: 7,
-                node: tracked(node),
-                old: old.map(tracked),
-                weight: 1,
-            };
-            let mut out = Vec::new();
-            // SAFETY: every node lives to the end of the test.
-            unsafe { core.write(w, &mut out, &mut |_| Look::default(), &Requests::default) };
+            let out = report(core, 7, node, old);
             assert!(out.is_empty(), "a cache of 10 evicts nothing here");
         };
         let nodes: Vec<EntryState> = (0..3).map(|_| EntryState::new(0)).collect();
@@ -1341,23 +1353,11 @@ mod tests {
 
     #[test]
     fn an_evicted_key_s_unreported_successor_is_a_new_key() {
-        let write = |core: &mut Core, pkey: u64, node: &EntryState, old: Option<Tracked>| {
-            let w = Write {
-                pkey,
-                node: tracked(node),
-                old,
-                weight: 1,
-            };
-            let mut out = Vec::new();
-            // SAFETY: every node lives to the end of the test.
-            unsafe { core.write(w, &mut out, &mut |_| Look::default(), &Requests::default) };
-            out
-        };
         let nodes: Vec<EntryState> = (0..3).map(|_| EntryState::new(0)).collect();
         let (a, b, successor) = (&nodes[0], &nodes[1], &nodes[2]);
         let mut core = Core::new(1, 1);
-        assert!(write(&mut core, 1, a, None).is_empty());
-        let out = write(&mut core, 2, b, None);
+        assert!(report(&mut core, 1, a, None).is_empty());
+        let out = report(&mut core, 2, b, None);
         assert_eq!(out.len(), 1, "a cache of 1 holds one key");
         let victim = out[0];
         // SAFETY: live.
@@ -1365,7 +1365,9 @@ mod tests {
         // A write that replaced the victim in the table before the eviction took it, and
         // reports after: the record is gone, so the write is a new key, and the cache still
         // holds one.
-        let out = write(&mut core, victim.pkey, successor, Some(victim.node));
+        // SAFETY: live.
+        let gone = unsafe { victim.node.as_ref() };
+        let out = report(&mut core, victim.pkey, successor, Some(gone));
         assert!(successor.record() < DETACHED, "the successor is tracked");
         assert_eq!(out.len(), 1);
         assert_eq!(core.len(), 1);
@@ -1379,20 +1381,8 @@ mod tests {
         let (first, second) = (&nodes[0], &nodes[1]);
         let mut core = Core::new(10, 1);
         core.index_by_pkey();
-        let report = |core: &mut Core, pkey: u64, node: &EntryState, old: Option<Tracked>| {
-            let w = Write {
-                pkey,
-                node: tracked(node),
-                old,
-                weight: 1,
-            };
-            let mut out = Vec::new();
-            // SAFETY: every node lives to the end of the test.
-            unsafe { core.write(w, &mut out, &mut |_| Look::default(), &Requests::default) };
-            assert!(out.is_empty(), "room for both");
-        };
-        report(&mut core, 1, first, None);
-        report(&mut core, 2, second, Some(tracked(first)));
+        assert!(report(&mut core, 1, first, None).is_empty());
+        assert!(report(&mut core, 2, second, Some(first)).is_empty());
         assert_eq!(core.len(), 1, "the first write's record went with it");
         assert_eq!(first.record(), DETACHED);
         assert_eq!(core.nodes[second.record() as usize].pkey, 2);
@@ -1408,30 +1398,13 @@ mod tests {
         let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
         let mut core = Core::new(10, 1);
         core.index_by_pkey();
-        let report = |core: &mut Core, node: &EntryState, old: Option<&EntryState>| {
-            let w = Write {
-                pkey: 7,
-                node: tracked(node),
-                old: old.map(tracked),
-                weight: 1,
-            };
-            // SAFETY: every node lives to the end of the test.
-            unsafe {
-                core.write(
-                    w,
-                    &mut Vec::new(),
-                    &mut |_| Look::default(),
-                    &Requests::default,
-                )
-            };
-        };
-        report(&mut core, a, None);
-        report(&mut core, c, Some(b));
+        report(&mut core, 7, a, None);
+        report(&mut core, 7, c, Some(b));
         assert_eq!(core.len(), 2, "a's record and c's");
         assert_eq!(core.find(7, &mut |t| t == tracked(c)), Some(tracked(c)));
         assert_eq!(core.find(7, &mut |t| t == tracked(a)), Some(tracked(a)));
         // b's report: a's record goes, and only c's is found.
-        report(&mut core, b, Some(a));
+        report(&mut core, 7, b, Some(a));
         assert_eq!(core.len(), 1);
         assert_eq!(core.find(7, &mut |t| t == tracked(a)), None);
         assert_eq!(core.find(7, &mut |_| true), Some(tracked(c)));
