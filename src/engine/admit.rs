@@ -287,30 +287,29 @@ fn forget<K, V>(policy: &Policy, node: &EntryNode<K, V>) {
     });
 }
 
-/// Where a node's policy state lies in it.
-const fn state_offset<K, V>() -> usize {
-    std::mem::offset_of!(EntryNode<K, V>, value) + std::mem::offset_of!(Entry<V>, policy)
+/// Where a node's policy link lies in it.
+const fn link_offset<K, V>() -> usize {
+    std::mem::offset_of!(EntryNode<K, V>, value) + std::mem::offset_of!(Entry<V>, link)
 }
 
-/// The policy's handle on `node`: its policy state, addressed from the whole node so that
-/// `node_of` may step back to it.
+/// The policy's handle on `node`: its link, addressed from the whole node so that `node_of`
+/// may step back to it.
 #[inline]
 pub(super) fn tracked<K, V>(node: &EntryNode<K, V>) -> Tracked {
-    // SAFETY: the state is a field of the node, at this offset.
-    unsafe { NonNull::from(node).byte_add(state_offset::<K, V>()).cast() }
+    // SAFETY: the link is a field of the node, at this offset.
+    unsafe { NonNull::from(node).byte_add(link_offset::<K, V>()).cast() }
 }
 
-/// The node whose policy state `state` is.
+/// The node whose policy link `link` is.
 ///
 /// # Safety
-/// `state` came from [`tracked`] of a node of this type that is live for `'g`.
+/// `link` came from [`tracked`] of a node of this type that is live for `'g`.
 #[inline]
-pub(super) unsafe fn node_of<'g, K, V>(state: Tracked) -> &'g EntryNode<K, V> {
+pub(super) unsafe fn node_of<'g, K, V>(link: Tracked) -> &'g EntryNode<K, V> {
     // SAFETY: `tracked` stepped forward by the same offset from the node (the caller's
     // contract), whose provenance the pointer keeps; live for `'g`.
     unsafe {
-        state
-            .byte_sub(state_offset::<K, V>())
+        link.byte_sub(link_offset::<K, V>())
             .cast::<EntryNode<K, V>>()
             .as_ref()
     }

@@ -14,7 +14,7 @@
 //!
 //! Each entry is stored once, in the table's node. The policy's per-key record (its place in
 //! the recency lists, its weight) points at the node that holds the key's current write, and
-//! the node's [`EntryState`] says which record that is: victims are found, looked at and
+//! the node's [`Link`] says which record that is: victims are found, looked at and
 //! removed by that pointer, with no index from key to record and no second lookup by hash.
 //! How a record passes from one write of a key to the next, when writers report to the
 //! policy in another order than they wrote the table, is the succession of `tinylfu.rs`.
@@ -35,10 +35,10 @@ use crate::sync::{AtomicU32, AtomicU8, Mutex, Ordering};
 /// Hits an entry counts between two looks of the policy (more are not told apart).
 const MAX_HITS: u8 = 3;
 
-/// Per-entry use, and the entry's place in the policy: hits since the policy last looked at
-/// the entry, the policy shard that tracks its key, with a `time_to_idle` the idle deadline,
-/// and the policy record tracking this write (see `tinylfu.rs`, "Succession"). All fit in the
-/// word and a half before the entry's state, so none of them costs the node a byte.
+/// Per-entry use: hits since the policy last looked at the entry, the policy shard that tracks
+/// its key, and with a `time_to_idle` the idle deadline. One word, read by hits (the hit
+/// counter, and with a `time_to_idle` the deadline), so it sits before the entry's state, on
+/// the line a hit reads; the policy's [`Link`], which hits never read, sits behind.
 #[derive(Debug)]
 pub(crate) struct EntryState {
     hits: AtomicU8,
@@ -47,10 +47,37 @@ pub(crate) struct EntryState {
     /// The idle unit (see `clock::IDLE_SHIFT`) from which the entry counts as expired for
     /// want of use; 0: no idle expiry.
     idle_until: AtomicU32,
-    /// The number of the policy record that tracks this write, or [`UNREPORTED`] /
-    /// [`DETACHED`]. Read and written only under the lock of the entry's shard, which orders
-    /// every access: Relaxed.
+}
+
+/// The entry's place in the policy: the number of the policy record that tracks this write,
+/// or [`UNREPORTED`] / [`DETACHED`] (see `tinylfu.rs`, "Succession"). The policy knows a
+/// write by its link ([`Tracked`]). Read and written only under the lock of the entry's
+/// shard, which orders every access: Relaxed.
+#[derive(Debug)]
+pub(crate) struct Link {
     record: AtomicU32,
+}
+
+impl Link {
+    /// The link of a write not yet reported.
+    pub(crate) fn new() -> Self {
+        Link {
+            record: AtomicU32::new(UNREPORTED),
+        }
+    }
+
+    /// The policy record tracking this write (see [`UNREPORTED`], [`DETACHED`]). Under the
+    /// shard's lock.
+    #[inline]
+    pub(super) fn record(&self) -> u32 {
+        self.record.load(Ordering::Relaxed)
+    }
+
+    /// Sets the policy record tracking this write. Under the shard's lock.
+    #[inline]
+    pub(super) fn set_record(&self, record: u32) {
+        self.record.store(record, Ordering::Relaxed)
+    }
 }
 
 /// The write has not been reported to the policy yet, and nothing displaced it.
@@ -78,7 +105,6 @@ impl EntryState {
             hits: AtomicU8::new(0),
             shard,
             idle_until: AtomicU32::new(0),
-            record: AtomicU32::new(UNREPORTED),
         }
     }
 
@@ -94,19 +120,6 @@ impl EntryState {
     #[inline]
     pub(crate) fn shard(&self) -> u8 {
         self.shard
-    }
-
-    /// The policy record tracking this write (see [`UNREPORTED`], [`DETACHED`]). Under the
-    /// shard's lock.
-    #[inline]
-    pub(super) fn record(&self) -> u32 {
-        self.record.load(Ordering::Relaxed)
-    }
-
-    /// Sets the policy record tracking this write. Under the shard's lock.
-    #[inline]
-    pub(super) fn set_record(&self, record: u32) {
-        self.record.store(record, Ordering::Relaxed)
     }
 
     /// A use at `now` moves the idle deadline to `units` from now. Test before set: the
@@ -171,7 +184,7 @@ fn idle_deadline(now: u64, units: u32) -> u32 {
 }
 
 /// What the cache needs from an eviction policy. Entries are known by their node's
-/// [`EntryState`] ([`Tracked`]), keys by their policy key (a seeded 64-bit hash of the key).
+/// [`Link`] ([`Tracked`]), keys by their policy key (a seeded 64-bit hash of the key).
 ///
 /// # Safety
 /// The methods that take a `Tracked` are called under the lock of the entry's shard, by a

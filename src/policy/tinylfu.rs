@@ -8,14 +8,14 @@
 //!
 //! Single-threaded: the cache runs it under a lock, fed by writes and removals. The policy
 //! keeps one record per key, which points at the table node of the key's current write
-//! ([`Tracked`]: the node's [`EntryState`]); the node names its record in turn.
+//! ([`Tracked`]: the node's [`Link`]); the node names its record in turn.
 //!
 //! # Succession
 //!
 //! Every write of a key publishes a new node, and writers report to the policy after their
 //! table write, so reports of one key's writes can arrive in another order than the table
 //! saw them. The record passes from node to node by these rules, all applied under the
-//! shard's lock (`EntryState::record` holds a record number, [`UNREPORTED`] or
+//! shard's lock (`Link::record` holds a record number, [`UNREPORTED`] or
 //! [`DETACHED`]):
 //!
 //! - A node starts `UNREPORTED`. Whoever takes a node out of the table (a write that
@@ -44,7 +44,7 @@ use std::ptr::NonNull;
 use super::index::Index;
 use super::sketch::Sketch;
 use super::window::{Resize, Served, Sizer};
-use super::{EntryState, EvictionPolicy, DETACHED, UNREPORTED};
+use super::{EvictionPolicy, Link, DETACHED, UNREPORTED};
 
 const NIL: u32 = u32::MAX;
 
@@ -75,9 +75,9 @@ const ADMIT_MARGIN: u64 = 1;
 /// are all seen twice and would each push out a fill key about to be read again.
 const UNCHALLENGED_MIN: u64 = 2;
 
-/// A write as the policy knows it: the policy state inside its table node. Valid only under
-/// the lock of its shard, by the rules of "Succession" above.
-pub(crate) type Tracked = NonNull<EntryState>;
+/// A write as the policy knows it: the [`Link`] inside its table node. Valid only under the
+/// lock of its shard, by the rules of "Succession" above.
+pub(crate) type Tracked = NonNull<Link>;
 
 /// An entry as `Core::ranked` orders it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -329,9 +329,9 @@ impl Core {
         self.nodes.len() - self.free.len()
     }
 
-    /// The policy state of record `i`'s node.
+    /// The link of record `i`'s node.
     #[inline]
-    fn state(&self, i: u32) -> &EntryState {
+    fn state(&self, i: u32) -> &Link {
         // SAFETY: a record's node is live while the shard's lock is held, which `&self` of a
         // shard implies ("Succession"; the contract of the `EvictionPolicy` methods).
         unsafe { self.nodes[i as usize].node.as_ref() }
@@ -738,7 +738,7 @@ impl Core {
 }
 
 // SAFETY: a `Core` is used by one thread at a time (the holder of its shard's lock). The
-// nodes its records point at are shared by every thread already (their policy state is
+// nodes its records point at are shared by every thread already (their links are
 // atomics), and are read only under that lock.
 unsafe impl Send for Core {}
 
@@ -868,7 +868,7 @@ mod tests {
     use std::collections::HashMap;
     use std::rc::Rc;
 
-    /// The cache's side, as a policy sees it: a table of one node (a boxed policy state) per
+    /// The cache's side, as a policy sees it: a table of one node (a shared link) per
     /// key, the hits recorded in them (reported and reset at a look), and the lookups served
     /// (a hit per `hit`, a miss per write). Writes report in table order unless a test
     /// reorders them.
@@ -876,12 +876,12 @@ mod tests {
     struct Entries {
         /// Shared, not boxed: the policy writes through its own pointers to the nodes, which
         /// a `Box` moved into the map would claim to own alone.
-        table: HashMap<u64, Rc<EntryState>>,
+        table: HashMap<u64, Rc<Link>>,
         hits: HashMap<u64, u8>,
         served: Requests,
     }
 
-    fn tracked(state: &EntryState) -> Tracked {
+    fn tracked(state: &Link) -> Tracked {
         NonNull::from(state)
     }
 
@@ -918,7 +918,7 @@ mod tests {
             weight: u64,
             look: Option<&mut Probe<'_>>,
         ) -> Vec<Victim> {
-            let node = Rc::new(EntryState::new(0));
+            let node = Rc::new(Link::new());
             let write = Write {
                 pkey: key,
                 node: tracked(&node),
@@ -981,12 +981,7 @@ mod tests {
 
     /// Reports a write of weight 1 of `node` for `pkey`, in place of `old`, with no hits to
     /// look at; returns the victims. The nodes must live to the end of the test.
-    fn report(
-        core: &mut Core,
-        pkey: u64,
-        node: &EntryState,
-        old: Option<&EntryState>,
-    ) -> Vec<Victim> {
+    fn report(core: &mut Core, pkey: u64, node: &Link, old: Option<&Link>) -> Vec<Victim> {
         let w = Write {
             pkey,
             node: tracked(node),
@@ -1290,11 +1285,11 @@ mod tests {
     /// reverse order.
     #[test]
     fn a_record_follows_the_key_whatever_order_its_writes_report_in() {
-        let write = |core: &mut Core, node: &EntryState, old: Option<&EntryState>| {
+        let write = |core: &mut Core, node: &Link, old: Option<&Link>| {
             let out = report(core, 7, node, old);
             assert!(out.is_empty(), "a cache of 10 evicts nothing here");
         };
-        let nodes: Vec<EntryState> = (0..3).map(|_| EntryState::new(0)).collect();
+        let nodes: Vec<Link> = (0..3).map(|_| Link::new()).collect();
         let (o, a, b) = (&nodes[0], &nodes[1], &nodes[2]);
 
         // In order: each write takes its predecessor's record.
@@ -1308,7 +1303,7 @@ mod tests {
 
         // B reports before A: A is detached by B's report, so A's report releases the record
         // it takes from O, and B is the key's one record.
-        let nodes: Vec<EntryState> = (0..3).map(|_| EntryState::new(0)).collect();
+        let nodes: Vec<Link> = (0..3).map(|_| Link::new()).collect();
         let (o, a, b) = (&nodes[0], &nodes[1], &nodes[2]);
         let mut core = Core::new(10, 1);
         write(&mut core, o, None);
@@ -1319,7 +1314,7 @@ mod tests {
         assert_eq!((o.record(), a.record()), (DETACHED, DETACHED));
 
         // A removal of A reports before A's write: nothing of the key is left.
-        let nodes: Vec<EntryState> = (0..2).map(|_| EntryState::new(0)).collect();
+        let nodes: Vec<Link> = (0..2).map(|_| Link::new()).collect();
         let (o, a) = (&nodes[0], &nodes[1]);
         let mut core = Core::new(10, 1);
         write(&mut core, o, None);
@@ -1329,7 +1324,7 @@ mod tests {
         assert_eq!((core.len(), core.weight()), (0, 0));
 
         // A load takes O's place and carries its record; the value that ends it takes it on.
-        let nodes: Vec<EntryState> = (0..3).map(|_| EntryState::new(0)).collect();
+        let nodes: Vec<Link> = (0..3).map(|_| Link::new()).collect();
         let (o, load, done) = (&nodes[0], &nodes[1], &nodes[2]);
         let mut core = Core::new(10, 1);
         write(&mut core, o, None);
@@ -1342,7 +1337,7 @@ mod tests {
         assert_eq!(core.len(), 1);
 
         // A load with no record to carry is not tracked, and its value is a new key.
-        let nodes: Vec<EntryState> = (0..2).map(|_| EntryState::new(0)).collect();
+        let nodes: Vec<Link> = (0..2).map(|_| Link::new()).collect();
         let (load, done) = (&nodes[0], &nodes[1]);
         let mut core = Core::new(10, 1);
         // SAFETY: live.
@@ -1353,7 +1348,7 @@ mod tests {
 
     #[test]
     fn an_evicted_key_s_unreported_successor_is_a_new_key() {
-        let nodes: Vec<EntryState> = (0..3).map(|_| EntryState::new(0)).collect();
+        let nodes: Vec<Link> = (0..3).map(|_| Link::new()).collect();
         let (a, b, successor) = (&nodes[0], &nodes[1], &nodes[2]);
         let mut core = Core::new(1, 1);
         assert!(report(&mut core, 1, a, None).is_empty());
@@ -1377,7 +1372,7 @@ mod tests {
     fn a_write_under_another_policy_key_than_its_predecessor_s_is_a_new_key() {
         // A key whose `Hash` disagrees with its `Eq`: the table matched the write with the
         // previous one, the policy key differs.
-        let nodes: Vec<EntryState> = (0..2).map(|_| EntryState::new(0)).collect();
+        let nodes: Vec<Link> = (0..2).map(|_| Link::new()).collect();
         let (first, second) = (&nodes[0], &nodes[1]);
         let mut core = Core::new(10, 1);
         core.index_by_pkey();
@@ -1394,7 +1389,7 @@ mod tests {
     fn a_key_s_overlapping_records_are_found_apart_by_node() {
         // Writes a, b, c of one key: b replaces a, c replaces b and reports first, so a
         // (out of the table, its report pending) and c both hold a record for a moment.
-        let nodes: Vec<EntryState> = (0..3).map(|_| EntryState::new(0)).collect();
+        let nodes: Vec<Link> = (0..3).map(|_| Link::new()).collect();
         let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
         let mut core = Core::new(10, 1);
         core.index_by_pkey();
