@@ -12,9 +12,9 @@ use std::time::Duration;
 ///
 /// Implement it to drive a cache from your own notion of time; the cache calls [`now`] on
 /// every read of an entry that has an expiry, so it should be cheap. Unlike the other user
-/// code a cache runs, it must not panic: the cache reads the clock under the eviction
-/// policy's lock and while cleaning up after a failed load, where a panic cannot be
-/// contained.
+/// code a cache runs, it must not panic: the cache reads the clock while cleaning up after a
+/// failed load, where a panic cannot be contained. (Elsewhere a panic reaches only the
+/// operation that read the clock; the eviction policy never reads it under its lock.)
 ///
 /// ```
 /// use std::sync::atomic::{AtomicU64, Ordering};

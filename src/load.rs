@@ -627,7 +627,7 @@ where
             let lead_key = key.to_owned();
             if !self
                 .inner
-                .install_load(hash, key, node, seen, refresh, &pinned)
+                .install_load((hash, pkey), key, node, seen, refresh, &pinned)
             {
                 // Someone changed the key first: look again, keeping our permit (and our
                 // place in the limiter's queue).

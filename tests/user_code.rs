@@ -186,7 +186,7 @@ fn a_panicking_clone_or_eq_after_a_loader_panic_does_not_abort() {
 }
 
 /// A key whose `Hash` disagrees with its `Eq`: it hashes a salt that equality ignores.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Salted {
     id: u64,
     salt: u64,
@@ -265,6 +265,73 @@ fn a_key_whose_hash_disagrees_with_its_eq_keeps_the_bound_and_the_policy_whole()
     }
     assert!(c.entry_count() <= CAP && c.entry_count() > CAP / 2);
     assert_eq!(c.weighted_size(), c.entry_count());
+}
+
+/// A clock that panics while its switch is on.
+#[derive(Debug, Default, Clone)]
+struct Trap {
+    time: ManualClock,
+    panics: Arc<AtomicBool>,
+}
+
+impl herdcache::Clock for Trap {
+    fn now(&self) -> Duration {
+        if self.panics.load(Ordering::SeqCst) {
+            panic!("user code: clock");
+        }
+        self.time.now()
+    }
+}
+
+#[test]
+fn writes_of_a_key_whose_hash_disagrees_with_its_eq_stay_tracked_through_loads_and_unwinding() {
+    const CAP: u64 = 1 << 16;
+    const N: u64 = 4_096;
+    let clock = Trap::default();
+    let c: Cache<Salted, u64, _> = Cache::builder()
+        .max_capacity(CAP)
+        .clock(clock.clone())
+        .hasher(std::hash::BuildHasherDefault::<FirstWord>::default())
+        .build()
+        .unwrap();
+    let salted = |id, salt| Salted { id, salt };
+    let tracked_as_held = |c: &Cache<Salted, u64, _>, what: &str| {
+        assert_eq!(
+            (c.entry_count(), c.weighted_size()),
+            (N, N),
+            "{what}: every entry held and weighed once"
+        );
+    };
+    let hour = Duration::from_secs(3600);
+    for id in 0..N {
+        c.insert_with_ttl(salted(id, 0), id, hour);
+    }
+    // Each write replaces a value that can expire, and the clock read to judge it panics:
+    // the write is in the table, and reported as its thread unwinds.
+    clock.panics.store(true, Ordering::SeqCst);
+    quietly(|| {
+        for id in 0..N {
+            // Salts that put the write in its predecessor's policy shard or in another.
+            let r = catch_unwind(AssertUnwindSafe(|| c.insert(salted(id, 1 + id % 5), id)));
+            assert!(
+                r.is_err(),
+                "premise: the clock was read after the table write"
+            );
+        }
+    });
+    clock.panics.store(false, Ordering::SeqCst);
+    tracked_as_held(&c, "after writes that unwound");
+    // Loads in place of expired values: each load takes the key's place (and record).
+    for id in 0..N {
+        c.insert_with_ttl(salted(id, 2), id, hour);
+    }
+    clock.time.advance(2 * hour);
+    for id in 0..N {
+        assert_eq!(c.get_with(&salted(id, 3 + id % 5), |_| id + 1), id + 1);
+    }
+    tracked_as_held(&c, "after loads");
+    c.invalidate_all();
+    assert_eq!((c.entry_count(), c.weighted_size()), (0, 0));
 }
 
 #[test]

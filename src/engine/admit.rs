@@ -80,7 +80,7 @@ where
 
     /// Tells the policy that `load`, a load in progress, took `old`'s place in the table:
     /// the key stays tracked through it.
-    pub(super) fn carry_in_policy(&self, old: &EntryNode<K, V>, load: &EntryNode<K, V>) {
+    pub(super) fn carry_in_policy(&self, old: &EntryNode<K, V>, load: &EntryNode<K, V>, pkey: u64) {
         let Some(old) = successor(&self.policy, old, load) else {
             // Nothing to carry: the load is untracked, as one that replaced nothing.
             self.forget_in_policy(load);
@@ -89,7 +89,7 @@ where
         self.policy.with(load.value.policy.shard(), |p| {
             // SAFETY: as `forget_in_policy`; `load` was published by the caller, under its
             // pin.
-            unsafe { p.carry(tracked(old), tracked(load)) }
+            unsafe { p.carry(tracked(old), tracked(load), pkey) }
         });
     }
 
@@ -122,15 +122,12 @@ where
         self.notify(node, cause);
     }
 
-    /// Tells the policy of `write` (published by the caller at `now`, with `weight`, for the
-    /// key with policy key `pkey`), and evicts what the policy chooses to stay within
-    /// capacity; then the listener hears of the evicted, and the write takes its share of
-    /// the sweep.
+    /// Tells the policy of `write` (published by the caller at `now`), and evicts what the
+    /// policy chooses to stay within capacity; then the listener hears of the evicted, and
+    /// the write takes its share of the sweep.
     pub(crate) fn admit(
         &self,
         write: Unreported<'_, K, V>,
-        pkey: u64,
-        weight: u64,
         now: &OnceNow<'_>,
         pinned: &Pinned<'_>,
     ) {
@@ -147,7 +144,7 @@ where
         let at = || read;
         // Reported from here on: nothing below can unwind before the policy has heard of the
         // write, and the guard must not relock the shard if the policy itself panics.
-        let (old, node) = write.into_parts();
+        let (old, node, pkey, weight) = write.disarmed();
         // Collected for the listener, which must run outside the lock; without one, nothing
         // is collected (and nothing allocated).
         let listening = self.hooks.listener.is_some();
@@ -212,52 +209,65 @@ where
 
 /// A write the table holds and the policy has not heard of yet: `new`, in place of `old` if
 /// it replaced one. The report must come before the thread unpins, whatever happens in
-/// between (see `tinylfu.rs`, "Succession"): if user code run before it (a listener, a custom
-/// clock) unwinds, dropping this reports the write without admission, `new` taking `old`'s
-/// record, so that no record is left on a node out of the table.
+/// between (see `tinylfu.rs`, "Succession"): if user code run before it (a custom clock, a
+/// listener's panic payload whose drop panics) unwinds, dropping this reports the write
+/// without admission (`EvictionPolicy::settle`), so that no record is left on a node out of
+/// the table and the write is tracked.
 #[must_use = "a write must be reported to the policy"]
 pub(crate) struct Unreported<'a, K, V> {
     policy: &'a Policy,
     old: Option<&'a EntryNode<K, V>>,
     new: &'a EntryNode<K, V>,
+    pkey: u64,
+    weight: u64,
     armed: bool,
 }
 
 impl<'a, K, V> Unreported<'a, K, V> {
-    /// `new`, just published by the caller in place of `old`, if any.
+    /// `new`, just published by the caller in place of `old`, if any, for the key with
+    /// policy key `pkey`, weighing `weight`.
     pub(super) fn new(
         policy: &'a Policy,
         old: Option<&'a EntryNode<K, V>>,
         new: &'a EntryNode<K, V>,
+        (pkey, weight): (u64, u64),
     ) -> Self {
         Unreported {
             policy,
             old: old.and_then(|old| successor(policy, old, new)),
             new,
+            pkey,
+            weight,
             armed: true,
         }
     }
 
     /// The write, to be reported by the caller with nothing that can unwind in between:
-    /// what it replaced (in its shard), and its node.
-    fn into_parts(mut self) -> (Option<&'a EntryNode<K, V>>, &'a EntryNode<K, V>) {
+    /// what it replaced (of its shard), its node, policy key and weight.
+    #[allow(clippy::type_complexity)]
+    fn disarmed(mut self) -> (Option<&'a EntryNode<K, V>>, &'a EntryNode<K, V>, u64, u64) {
         self.armed = false;
-        (self.old, self.new)
+        (self.old, self.new, self.pkey, self.weight)
     }
 }
 
 impl<K, V> Drop for Unreported<'_, K, V> {
     fn drop(&mut self) {
-        let (Some(old), true) = (self.old, self.armed) else {
-            // Reported; or a new key, whose node is left `UNREPORTED`: the policy has no
-            // record of it, which it cannot evict, until its key is written or removed again
-            // (this write's weight is then not counted).
+        if !self.armed {
             return;
+        }
+        // Settled without admission: the shard may exceed its bound by this write's weight
+        // until its next write evicts.
+        let report = Write {
+            pkey: self.pkey,
+            node: tracked(self.new),
+            old: self.old.map(tracked),
+            weight: self.weight,
         };
-        let new = self.new;
-        self.policy.with(new.value.policy.shard(), |p| {
-            // SAFETY: as in `admit`: published and taken out by this thread, still pinned.
-            unsafe { p.carry(tracked(old), tracked(new)) }
+        self.policy.with(self.new.value.policy.shard(), |p| {
+            // SAFETY: as in `admit`: published and taken out by this thread, still pinned;
+            // `old` is of `new`'s shard (`successor`).
+            unsafe { p.settle(report) }
         });
     }
 }

@@ -356,12 +356,12 @@ where
         let write = match outcome {
             Outcome::Inserted(new) => {
                 pinned.count(Counter::Inserts);
-                Unreported::new(&self.policy, None, new)
+                Unreported::new(&self.policy, None, new, (pkey, weight))
             }
             Outcome::Replaced(old, new) => {
                 pinned.count(Counter::Updates);
                 // The policy tracks the key on: our write takes the old one's record.
-                let write = Unreported::new(&self.policy, Some(old), new);
+                let write = Unreported::new(&self.policy, Some(old), new, (pkey, weight));
                 if self.replaced(old, true, &now, pinned) {
                     now.renew();
                 }
@@ -369,18 +369,18 @@ where
             }
             Outcome::Removed(_) | Outcome::Kept(..) => unreachable!("Put always stores"),
         };
-        self.admit(write, pkey, weight, &now, pinned);
+        self.admit(write, &now, pinned);
     }
 
-    /// Installs `node`, a load's `Loading` entry for `key` (hash `hash`), if the key's entry
-    /// is still the one the caller looked at (`seen`: its version; `None`: there was none).
-    /// The value it replaces leaves the table and is told to the listener (a refresh's old
-    /// value, which the flight still serves, is not counted as an expiration); the policy
-    /// tracks the key on until the load ends. Returns false, and installs nothing, if the
-    /// key changed first.
+    /// Installs `node`, a load's `Loading` entry for `key` (hash `hash`, policy key `pkey`),
+    /// if the key's entry is still the one the caller looked at (`seen`: its version; `None`:
+    /// there was none). The value it replaces leaves the table and is told to the listener
+    /// (a refresh's old value, which the flight still serves, is not counted as an
+    /// expiration); the policy tracks the key on until the load ends. Returns false, and
+    /// installs nothing, if the key changed first.
     pub(crate) fn install_load<Q>(
         &self,
-        hash: u64,
+        (hash, pkey): (u64, u64),
         key: &Q,
         node: Owned<EntryNode<K, V>>,
         seen: Option<u64>,
@@ -409,7 +409,7 @@ where
         match outcome {
             Outcome::Inserted(_) => true,
             Outcome::Replaced(old, load) => {
-                self.carry_in_policy(old, load);
+                self.carry_in_policy(old, load, pkey);
                 self.replaced(old, !refresh, &self.once_now(), pinned);
                 true
             }
@@ -449,8 +449,8 @@ where
             .update_node(hash, ours, node, decide, &pinned.guard)
         {
             Outcome::Replaced(load, new) => {
-                let write = Unreported::new(&self.policy, Some(load), new);
-                self.admit(write, pkey, weight, now, pinned);
+                let write = Unreported::new(&self.policy, Some(load), new, (pkey, weight));
+                self.admit(write, now, pinned);
                 true
             }
             Outcome::Removed(load) => {
@@ -531,7 +531,8 @@ where
             })?;
             // SAFETY: we took it out of the table, under our pin, and hold the lock.
             unsafe { p.remove(tracked) };
-            // SAFETY: as above.
+            // SAFETY: taken out of the table under our pin, which keeps it alive past the
+            // lock, for the removal's bookkeeping.
             Some(unsafe { admit::node_of::<K, V>(tracked) })
         });
         match removed {

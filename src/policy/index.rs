@@ -77,7 +77,7 @@ impl Index {
         }
     }
 
-    /// Adds `pkey → node`; `node` must not be held (`pkey` may be, for another node: a key's
+    /// Adds `pkey → node`; `node` must not be held (`pkey` may be, for other nodes: a key's
     /// records overlap while its writes report, see `tinylfu.rs`, "Succession").
     pub(super) fn insert(&mut self, pkey: u64, node: u32, key_of: impl Fn(u32) -> u64) {
         debug_assert_ne!(node, u32::MAX);
@@ -176,33 +176,35 @@ mod tests {
         /// Behaves as a map from policy key to node numbers, whatever the order of inserts
         /// and removes, including keys that share their home slot (small keys collide in a
         /// small table), keys that share the low 32 bits the index keeps, and a key held
-        /// for two nodes at once.
+        /// for several nodes at once, removed in any order.
         #[test]
-        fn matches_a_map(ops in proptest::collection::vec((any::<bool>(), 0u64..64), 0..MODEL_OPS)) {
+        fn matches_a_map(
+            ops in proptest::collection::vec((any::<bool>(), 0u64..64, any::<usize>()), 0..MODEL_OPS)
+        ) {
             // Node number = position in `keys`; keys are spread so runs wrap around.
             let mut keys: Vec<u64> = Vec::new();
             let mut index = Index::default();
             let mut model: HashMap<u64, Vec<u32>> = HashMap::new();
-            for (insert, k) in ops {
+            for (insert, k, pick) in ops {
                 let pkey = if k % 2 == 0 {
                     k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (k % 3)
                 } else {
                     (k % 4) | (k << 40)
                 };
                 let held = model.entry(pkey).or_default();
-                // A second node for a key now and then; never a third.
-                if insert && held.len() < 2 {
+                if insert && held.len() < 3 {
                     let n = keys.len() as u32;
                     keys.push(pkey);
                     index.insert(pkey, n, |n| keys[n as usize]);
                     held.push(n);
                 } else if !insert {
-                    // The older node first, or one the index never held.
-                    let n = held.first().copied().unwrap_or(u32::MAX - 1);
-                    prop_assert_eq!(index.remove(pkey, n), !held.is_empty());
-                    if !held.is_empty() {
-                        held.remove(0);
-                    }
+                    // Any of the key's nodes, or one the index never held.
+                    let n = if held.is_empty() {
+                        u32::MAX - 1
+                    } else {
+                        held.remove(pick % held.len())
+                    };
+                    prop_assert_eq!(index.remove(pkey, n), n != u32::MAX - 1);
                 }
                 let len: usize = model.values().map(Vec::len).sum();
                 prop_assert_eq!(index.len(), len);

@@ -15,7 +15,8 @@
 //! Each entry is stored once, in the table's node. The policy's per-key record (its place in
 //! the recency lists, its weight) points at the node that holds the key's current write, and
 //! the node's [`Link`] says which record that is: victims are found, looked at and
-//! removed by that pointer, with no index from key to record and no second lookup by hash.
+//! removed by that pointer, with no second lookup by hash (an index from policy key to
+//! record is kept only with the shared tier, whose broadcasts name keys so).
 //! How a record passes from one write of a key to the next, when writers report to the
 //! policy in another order than they wrote the table, is the succession of `tinylfu.rs`.
 
@@ -99,7 +100,7 @@ impl EntryState {
         }
     }
 
-    /// The state of a write of a key whose policy shard is `shard`, not yet reported.
+    /// The state of a write of a key whose policy shard is `shard`, not hit yet.
     pub(crate) fn new(shard: u8) -> Self {
         EntryState {
             hits: AtomicU8::new(0),
@@ -189,7 +190,9 @@ fn idle_deadline(now: u64, units: u32) -> u32 {
 /// # Safety
 /// The methods that take a `Tracked` are called under the lock of the entry's shard, by a
 /// thread pinned since before the entry left the table, if it did: the policy reads and
-/// writes the states it is handed and the ones it keeps (see `tinylfu.rs`, "Succession").
+/// writes the links it is handed and the ones it keeps (see `tinylfu.rs`, "Succession").
+/// Every `Tracked` handed to a shard is of an entry of that shard (`EntryState::shard`):
+/// its link names a record of this shard, or none.
 pub(crate) trait EvictionPolicy: Send {
     /// The table now holds `write`; evictions needed to stay within capacity go to `out`.
     /// `probe` reports (and resets) an entry's hits and whether it expired; expired entries
@@ -205,12 +208,21 @@ pub(crate) trait EvictionPolicy: Send {
         probe: &mut Probe<'_>,
         served: &Served<'_>,
     );
-    /// `new`, a load in progress, took `old`'s place in the table: the record that tracked
-    /// `old`, if any, tracks `new` from now on, with no use counted.
+    /// The table holds `write`, reported without admission: its record is settled as by
+    /// `write`, with no use counted and no eviction, so the shard may exceed its bound by
+    /// the write's weight until its next write. For a write that must be reported while
+    /// its thread unwinds, with no victims to take out of the table.
     ///
     /// # Safety
     /// As `write`.
-    unsafe fn carry(&mut self, old: Tracked, new: Tracked);
+    unsafe fn settle(&mut self, write: Write);
+    /// `new`, a load in progress for the key with policy key `pkey`, took `old`'s place in
+    /// the table: the record that tracked `old`, if any and if of `pkey`, tracks `new` from
+    /// now on, with no use counted.
+    ///
+    /// # Safety
+    /// As `write`.
+    unsafe fn carry(&mut self, old: Tracked, new: Tracked, pkey: u64);
     /// The table no longer holds `gone`, which the caller removed.
     ///
     /// # Safety
@@ -218,8 +230,8 @@ pub(crate) trait EvictionPolicy: Send {
     unsafe fn remove(&mut self, gone: Tracked);
     /// The first write tracked for the key with policy key `pkey` that `wanted` accepts, if
     /// the policy keeps an index by policy key (the shared tier's broadcasts name keys so).
-    /// A key may have two records for a moment, one on a node already out of the table,
-    /// while its writes report (see `tinylfu.rs`, "Succession"). Live until the shard's
+    /// A key may have several records for a moment, all but one on nodes already out of the
+    /// table, while its writes report (see `tinylfu.rs`, "Succession"). Live until the shard's
     /// lock is released.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     fn find(&self, pkey: u64, wanted: &mut dyn FnMut(Tracked) -> bool) -> Option<Tracked>;
@@ -334,9 +346,10 @@ impl Policy {
         pkey.checked_shr(self.shift).unwrap_or(0) as u8
     }
 
-    /// Runs `f` on locked shard `shard` (a write or a removal). The policy runs no user code,
-    /// so a panic while it is held cannot leave it half-updated by a caller: it is taken
-    /// over.
+    /// Runs `f` on locked shard `shard` (a write or a removal). No user code runs under the
+    /// lock, so a panic there is a broken invariant of the policy, whose records may then
+    /// point at nodes about to be freed: the process aborts rather than go on with it (see
+    /// `with_scratch`).
     pub(crate) fn with<R>(&self, shard: u8, f: impl FnOnce(&mut dyn EvictionPolicy) -> R) -> R {
         self.with_scratch(shard, |p, _| f(p))
     }
@@ -352,9 +365,25 @@ impl Policy {
             .unwrap_or_else(|p| p.into_inner());
         let (core, scratch) = &mut *guard;
         scratch.clear();
+        let unwinding = AbortOnUnwind;
         let r = f(core, scratch);
+        std::mem::forget(unwinding);
         scratch.clear();
         r
+    }
+}
+
+/// Aborts the process if dropped while its thread unwinds: a panic under a policy lock left
+/// the shard half updated, with records that may point at nodes out of the table (no user
+/// code runs there, so only a bug of the crate can panic there).
+struct AbortOnUnwind;
+
+impl Drop for AbortOnUnwind {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("herdcache: panic under an eviction policy lock; aborting");
+            std::process::abort();
+        }
     }
 }
 

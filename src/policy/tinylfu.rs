@@ -7,7 +7,7 @@
 //! a small one.
 //!
 //! Single-threaded: the cache runs it under a lock, fed by writes and removals. The policy
-//! keeps one record per key, which points at the table node of the key's current write
+//! keeps a record per key, which points at the table node of the key's current write
 //! ([`Tracked`]: the node's [`Link`]); the node names its record in turn.
 //!
 //! # Succession
@@ -29,9 +29,16 @@
 //!   released: nothing in the table holds the write it tracked.
 //! - A load in progress takes its predecessor's record the same way, without a use
 //!   (`carry`); a load with no record to take is `DETACHED` at once, as it is not tracked.
+//! - A record passes only within one shard and one policy key. Equal keys share both unless
+//!   their `Hash` disagrees with their `Eq`: then the cache reports the replaced node removed
+//!   in its own shard before the write (`engine/admit.rs`, `successor`), and a record of
+//!   another policy key is released rather than inherited (`Core::of_key`).
 //!
 //! So each record tracks exactly one node, whose `record` names it, and a node that left the
-//! table loses its record in the report of whoever took it out. That thread pinned the
+//! table loses its record in the report of whoever took it out. While reports are on their
+//! way a key can hold more than one record, on nodes of which the table holds one at most:
+//! writes A, B, C of a key, B's report late and C's first, leave A's record (A is out of the
+//! table, detached when B reports) beside the one C takes anew. That thread pinned the
 //! epoch before the node left the table and holds the pin until its report: a record's node
 //! is never freed while the record points at it, which is what lets the policy read it under
 //! the lock (the unsafe contract of [`EvictionPolicy`]). A victim is removed from the table by
@@ -347,10 +354,32 @@ impl Core {
         let state = unsafe { node.as_ref() };
         let record = state.record();
         state.set_record(DETACHED);
-        (record < DETACHED).then(|| {
-            debug_assert_eq!(self.nodes[record as usize].node, node);
-            record
-        })
+        // A link naming a record that does not point back is a broken invariant (another
+        // shard's record, say): stop here (the caller aborts) rather than move another
+        // key's record. The record's line is read next anyway.
+        assert!(
+            record >= DETACHED
+                || self
+                    .nodes
+                    .get(record as usize)
+                    .is_some_and(|n| n.node == node),
+            "herdcache: a policy link names a record that does not track it"
+        );
+        (record < DETACHED).then_some(record)
+    }
+
+    /// `inherited`, the record of the write a write of policy key `pkey` replaced, if it is
+    /// of that key. A key whose `Hash` disagrees with itself may come with another policy key
+    /// than its record's: that record's key is gone (released here), and the write is a new
+    /// key.
+    fn of_key(&mut self, inherited: Option<u32>, pkey: u64) -> Option<u32> {
+        match inherited {
+            Some(i) if self.nodes[i as usize].pkey != pkey => {
+                self.drop_record(i);
+                None
+            }
+            kept => kept,
+        }
     }
 
     /// Records a new key. A shard holds fewer than `DETACHED` records: each is a node in
@@ -737,6 +766,72 @@ impl Core {
     }
 }
 
+/// The record a write is tracked by (see `Core::succeed`).
+enum Took {
+    /// The replaced node's record, which now points at the write, with its weight.
+    Inherited(u32),
+    /// A new record, at the window's most recent end.
+    New(u32),
+}
+
+impl Core {
+    /// Applies the rules of "Succession" to `write`: the record of the node it replaced
+    /// passes to it, re-weighed, or it gets a new one; `None` if its node was taken out of
+    /// the table and reported already (the inherited record, tracking nothing now, is
+    /// released). No use is counted and nothing is evicted.
+    ///
+    /// # Safety
+    /// As [`EvictionPolicy::write`].
+    unsafe fn succeed(&mut self, write: &Write) -> Option<Took> {
+        let Write {
+            pkey,
+            node,
+            old,
+            weight,
+        } = *write;
+        // SAFETY: `old` has left the table and `node` is live (the caller's contract).
+        let inherited = old.and_then(|o| unsafe { self.detach(o) });
+        // SAFETY: as above.
+        let state = unsafe { node.as_ref() };
+        if state.record() != UNREPORTED {
+            if let Some(i) = inherited {
+                self.drop_record(i);
+            }
+            return None;
+        }
+        Some(match self.of_key(inherited, pkey) {
+            Some(i) => {
+                state.set_record(i);
+                let n = &mut self.nodes[i as usize];
+                n.node = node;
+                let (region, old) = (n.region, u64::from(n.weight));
+                n.weight = stored_weight(weight);
+                if n.zoned {
+                    self.zone_weight = self.zone_weight - old + weight;
+                }
+                let list = &mut self.lists[region as usize];
+                list.weight = list.weight - old + weight;
+                Took::Inherited(i)
+            }
+            None => {
+                let i = self.alloc(PNode {
+                    node,
+                    pkey,
+                    weight: stored_weight(weight),
+                    region: Region::Window,
+                    unchallenged: false,
+                    zoned: false,
+                    prev: NIL,
+                    next: NIL,
+                });
+                state.set_record(i);
+                self.push(i, Region::Window);
+                Took::New(i)
+            }
+        })
+    }
+}
+
 // SAFETY: a `Core` is used by one thread at a time (the holder of its shard's lock). The
 // nodes its records point at are shared by every thread already (their links are
 // atomics), and are read only under that lock.
@@ -755,65 +850,21 @@ impl EvictionPolicy for Core {
         probe: &mut Probe<'_>,
         served: &Served<'_>,
     ) {
-        let Write {
-            pkey,
-            node,
-            old,
-            weight,
-        } = write;
-        // SAFETY: `old` has left the table and `node` is live (the caller's contract).
-        let inherited = old.and_then(|o| unsafe { self.detach(o) });
-        // SAFETY: as above.
-        let state = unsafe { node.as_ref() };
-        if state.record() != UNREPORTED {
-            // Taken out of the table already, and reported: nothing holds the write that the
-            // inherited record tracked.
-            if let Some(i) = inherited {
-                self.drop_record(i);
-            }
+        let (pkey, weight) = (write.pkey, write.weight);
+        // SAFETY: the caller's contract.
+        let Some(took) = (unsafe { self.succeed(&write) }) else {
             return;
-        }
-        // A key whose `Hash` disagrees with itself may come with another policy key than its
-        // record's: that record's key is gone, and this write is a new key.
-        let inherited = match inherited {
-            Some(i) if self.nodes[i as usize].pkey != pkey => {
-                self.drop_record(i);
-                None
-            }
-            kept => kept,
         };
         // Second chances given in this call: each resets the entry's hits, so a pass over
         // every entry ends them; the bound also covers hits arriving meanwhile.
         let mut budget = 2 * self.len() + 16;
         self.sketch.increment(pkey);
-        let newest = match inherited {
-            Some(i) => {
-                state.set_record(i);
-                let n = &mut self.nodes[i as usize];
-                n.node = node;
-                let (region, old) = (n.region, u64::from(n.weight));
-                n.weight = stored_weight(weight);
-                if n.zoned {
-                    self.zone_weight = self.zone_weight - old + weight;
-                }
-                let list = &mut self.lists[region as usize];
-                list.weight = list.weight - old + weight;
+        let newest = match took {
+            Took::Inherited(i) => {
                 self.touch(i, probe, &mut budget);
                 i
             }
-            None => {
-                let i = self.alloc(PNode {
-                    node,
-                    pkey,
-                    weight: stored_weight(weight),
-                    region: Region::Window,
-                    unchallenged: false,
-                    zoned: false,
-                    prev: NIL,
-                    next: NIL,
-                });
-                state.set_record(i);
-                self.push(i, Region::Window);
+            Took::New(i) => {
                 let resize = self.sizer.new_key(pkey, weight, served);
                 self.resize(resize, probe, &mut budget);
                 i
@@ -827,9 +878,15 @@ impl EvictionPolicy for Core {
         self.make_room(newest, out, probe, &mut budget);
     }
 
-    unsafe fn carry(&mut self, old: Tracked, new: Tracked) {
+    unsafe fn settle(&mut self, write: Write) {
+        // SAFETY: the caller's contract.
+        unsafe { self.succeed(&write) };
+    }
+
+    unsafe fn carry(&mut self, old: Tracked, new: Tracked, pkey: u64) {
         // SAFETY: the caller's contract.
         let inherited = unsafe { self.detach(old) };
+        let inherited = self.of_key(inherited, pkey);
         // SAFETY: the caller's contract.
         let state = unsafe { new.as_ref() };
         match inherited {
@@ -1330,7 +1387,7 @@ mod tests {
         write(&mut core, o, None);
         let record = o.record();
         // SAFETY: live.
-        unsafe { core.carry(tracked(o), tracked(load)) };
+        unsafe { core.carry(tracked(o), tracked(load), 7) };
         assert_eq!(load.record(), record, "the load carries the key's record");
         write(&mut core, done, Some(load));
         assert_eq!(done.record(), record, "and hands it on");
@@ -1398,11 +1455,16 @@ mod tests {
         assert_eq!(core.len(), 2, "a's record and c's");
         assert_eq!(core.find(7, &mut |t| t == tracked(c)), Some(tracked(c)));
         assert_eq!(core.find(7, &mut |t| t == tracked(a)), Some(tracked(a)));
-        // b's report: a's record goes, and only c's is found.
-        report(&mut core, 7, b, Some(a));
+        // c is removed first: its own record goes, not a's.
+        // SAFETY: live.
+        unsafe { core.remove(tracked(c)) };
         assert_eq!(core.len(), 1);
-        assert_eq!(core.find(7, &mut |t| t == tracked(a)), None);
-        assert_eq!(core.find(7, &mut |_| true), Some(tracked(c)));
+        assert_eq!(core.find(7, &mut |t| t == tracked(c)), None);
+        assert_eq!(core.find(7, &mut |_| true), Some(tracked(a)));
+        // b's report: a's record goes too, and nothing of the key is left.
+        report(&mut core, 7, b, Some(a));
+        assert_eq!(core.len(), 0);
+        assert_eq!(core.find(7, &mut |_| true), None);
     }
 
     #[test]
