@@ -312,14 +312,20 @@ fn writes_of_a_key_whose_hash_disagrees_with_its_eq_stay_tracked_through_loads_a
     quietly(|| {
         for id in 0..N {
             // Salts that put the write in its predecessor's policy shard or in another.
-            let r = catch_unwind(AssertUnwindSafe(|| c.insert(salted(id, 1 + id % 5), id)));
-            assert!(
-                r.is_err(),
-                "premise: the clock was read after the table write"
-            );
+            let r = catch_unwind(AssertUnwindSafe(|| {
+                c.insert(salted(id, 1 + id % 5), N + id)
+            }));
+            assert!(r.is_err(), "premise: the write read the clock");
         }
     });
     clock.panics.store(false, Ordering::SeqCst);
+    for id in 0..N {
+        assert_eq!(
+            c.get(&salted(id, 0)),
+            Some(N + id),
+            "premise: the clock was read after the table write"
+        );
+    }
     tracked_as_held(&c, "after writes that unwound");
     // Loads in place of expired values: each load takes the key's place (and record).
     for id in 0..N {

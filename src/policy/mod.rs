@@ -211,7 +211,9 @@ pub(crate) trait EvictionPolicy: Send {
     /// The table holds `write`, reported without admission: its record is settled as by
     /// `write`, with no use counted and no eviction, so the shard may exceed its bound by
     /// the write's weight until its next write. For a write that must be reported while
-    /// its thread unwinds, with no victims to take out of the table.
+    /// its thread unwinds, with no victims to take out of the table. (A write heavier than
+    /// the whole capacity, which `write` would evict at once, stays too: the next write
+    /// evicts from the cold end until the bound holds, it perhaps last.)
     ///
     /// # Safety
     /// As `write`.

@@ -856,8 +856,9 @@ impl EvictionPolicy for Core {
             return;
         };
         // Second chances given in this call: each resets the entry's hits, so a pass over
-        // every entry ends them; the bound also covers hits arriving meanwhile.
-        let mut budget = 2 * self.len() + 16;
+        // every entry ends them; the bound also covers hits arriving meanwhile. (Counted
+        // without this write's own record.)
+        let mut budget = 2 * (self.len() - usize::from(matches!(took, Took::New(_)))) + 16;
         self.sketch.increment(pkey);
         let newest = match took {
             Took::Inherited(i) => {
@@ -1440,6 +1441,56 @@ mod tests {
         assert_eq!(core.nodes[second.record() as usize].pkey, 2);
         assert_eq!(core.find(1, &mut |_| true), None);
         assert_eq!(core.find(2, &mut |_| true), Some(tracked(second)));
+
+        // A load in its place, under yet another policy key, carries nothing.
+        let load = Link::new();
+        // SAFETY: live.
+        unsafe { core.carry(tracked(second), tracked(&load), 3) };
+        assert_eq!((second.record(), load.record()), (DETACHED, DETACHED));
+        assert_eq!(core.len(), 0);
+        assert_eq!(core.find(2, &mut |_| true), None);
+    }
+
+    #[test]
+    fn a_settled_write_is_tracked_as_a_write_is_without_admission() {
+        let nodes: Vec<Link> = (0..4).map(|_| Link::new()).collect();
+        let (a, b, c, d) = (&nodes[0], &nodes[1], &nodes[2], &nodes[3]);
+        let settle = |core: &mut Core, node: &Link, old: Option<&Link>, weight: u64| {
+            let w = Write {
+                pkey: 7,
+                node: tracked(node),
+                old: old.map(tracked),
+                weight,
+            };
+            // SAFETY: every node lives to the end of the test.
+            unsafe { core.settle(w) };
+        };
+        let mut core = Core::new(4, 1);
+        // A new key, then its rewrite with another weight, which takes its record.
+        settle(&mut core, a, None, 2);
+        assert_eq!((core.len(), core.weight()), (1, 2));
+        settle(&mut core, b, Some(a), 3);
+        assert_eq!((core.len(), core.weight()), (1, 3));
+        assert_eq!(
+            (a.record(), core.nodes[b.record() as usize].node),
+            (DETACHED, tracked(b))
+        );
+        // Over the bound, with no victims: the next write evicts down to it.
+        settle(&mut core, d, None, 3);
+        assert_eq!(core.weight(), 6, "settling evicts nothing");
+        // SAFETY: live.
+        unsafe { core.remove(tracked(d)) };
+        // A write whose node was already taken out and reported: nothing is kept of it.
+        // SAFETY: live.
+        unsafe { core.remove(tracked(c)) };
+        settle(&mut core, c, Some(b), 1);
+        assert_eq!((core.len(), core.weight()), (0, 0));
+        // Over the bound again; a write brings it back within.
+        let (e, f) = (Link::new(), Link::new());
+        settle(&mut core, &e, None, 4);
+        let out = report(&mut core, 8, &f, None);
+        assert!(core.weight() <= 4, "{} over a bound of 4", core.weight());
+        assert!(!out.is_empty());
     }
 
     #[test]
