@@ -144,7 +144,7 @@ where
         let at = || read;
         // Reported from here on: nothing below can unwind before the policy has heard of the
         // write, and the guard must not relock the shard if the policy itself panics.
-        let (old, node, pkey, weight) = write.disarmed();
+        let (node, report) = write.disarmed();
         // Collected for the listener, which must run outside the lock; without one, nothing
         // is collected (and nothing allocated).
         let listening = self.hooks.listener.is_some();
@@ -160,12 +160,6 @@ where
                         hits: n.value.policy.take_hits(),
                         expired: n.value.is_expired(at),
                     }
-                };
-                let report = Write {
-                    pkey,
-                    node: tracked(node),
-                    old: old.map(tracked),
-                    weight,
                 };
                 let counters = self.domain.counters();
                 // SAFETY: `node` was published and `old` taken out of the table by this
@@ -242,12 +236,21 @@ impl<'a, K, V> Unreported<'a, K, V> {
         }
     }
 
-    /// The write, to be reported by the caller with nothing that can unwind in between:
-    /// what it replaced (of its shard), its node, policy key and weight.
-    #[allow(clippy::type_complexity)]
-    fn disarmed(mut self) -> (Option<&'a EntryNode<K, V>>, &'a EntryNode<K, V>, u64, u64) {
+    /// The write's node and its report, to be made by the caller with nothing that can
+    /// unwind in between.
+    fn disarmed(mut self) -> (&'a EntryNode<K, V>, Write) {
         self.armed = false;
-        (self.old, self.new, self.pkey, self.weight)
+        (self.new, self.report())
+    }
+
+    /// The report of the write to the policy (what it replaced is of its shard).
+    fn report(&self) -> Write {
+        Write {
+            pkey: self.pkey,
+            node: tracked(self.new),
+            old: self.old.map(tracked),
+            weight: self.weight,
+        }
     }
 }
 
@@ -258,12 +261,7 @@ impl<K, V> Drop for Unreported<'_, K, V> {
         }
         // Settled without admission: the shard may exceed its bound by this write's weight
         // until its next write evicts.
-        let report = Write {
-            pkey: self.pkey,
-            node: tracked(self.new),
-            old: self.old.map(tracked),
-            weight: self.weight,
-        };
+        let report = self.report();
         self.policy.with(self.new.value.policy.shard(), |p| {
             // SAFETY: as in `admit`: published and taken out by this thread, still pinned;
             // `old` is of `new`'s shard (`successor`).

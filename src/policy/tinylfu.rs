@@ -338,7 +338,7 @@ impl Core {
 
     /// The link of record `i`'s node.
     #[inline]
-    fn state(&self, i: u32) -> &Link {
+    fn link(&self, i: u32) -> &Link {
         // SAFETY: a record's node is live while the shard's lock is held, which `&self` of a
         // shard implies ("Succession"; the contract of the `EvictionPolicy` methods).
         unsafe { self.nodes[i as usize].node.as_ref() }
@@ -351,9 +351,9 @@ impl Core {
     /// `node` is live, and it has left the table or is the load that took its place.
     unsafe fn detach(&mut self, node: Tracked) -> Option<u32> {
         // SAFETY: live (the caller's contract).
-        let state = unsafe { node.as_ref() };
-        let record = state.record();
-        state.set_record(DETACHED);
+        let link = unsafe { node.as_ref() };
+        let record = link.record();
+        link.set_record(DETACHED);
         // A link naming a record that does not point back is a broken invariant (another
         // shard's record, say): stop here (the caller aborts) rather than move another
         // key's record. The record's line is read next anyway.
@@ -599,7 +599,7 @@ impl Core {
     /// table (a successor not yet reported then finds no record to take, and is a new key).
     fn evict(&mut self, i: u32, out: &mut Vec<Victim>) {
         out.push(self.victim(i));
-        self.state(i).set_record(DETACHED);
+        self.link(i).set_record(DETACHED);
         self.drop_record(i);
     }
 
@@ -792,8 +792,8 @@ impl Core {
         // SAFETY: `old` has left the table and `node` is live (the caller's contract).
         let inherited = old.and_then(|o| unsafe { self.detach(o) });
         // SAFETY: as above.
-        let state = unsafe { node.as_ref() };
-        if state.record() != UNREPORTED {
+        let link = unsafe { node.as_ref() };
+        if link.record() != UNREPORTED {
             if let Some(i) = inherited {
                 self.drop_record(i);
             }
@@ -801,7 +801,7 @@ impl Core {
         }
         Some(match self.of_key(inherited, pkey) {
             Some(i) => {
-                state.set_record(i);
+                link.set_record(i);
                 let n = &mut self.nodes[i as usize];
                 n.node = node;
                 let (region, old) = (n.region, u64::from(n.weight));
@@ -824,7 +824,7 @@ impl Core {
                     prev: NIL,
                     next: NIL,
                 });
-                state.set_record(i);
+                link.set_record(i);
                 self.push(i, Region::Window);
                 Took::New(i)
             }
@@ -889,14 +889,14 @@ impl EvictionPolicy for Core {
         let inherited = unsafe { self.detach(old) };
         let inherited = self.of_key(inherited, pkey);
         // SAFETY: the caller's contract.
-        let state = unsafe { new.as_ref() };
+        let link = unsafe { new.as_ref() };
         match inherited {
-            Some(i) if state.record() == UNREPORTED => {
-                state.set_record(i);
+            Some(i) if link.record() == UNREPORTED => {
+                link.set_record(i);
                 self.nodes[i as usize].node = new;
             }
             Some(i) => self.drop_record(i),
-            None if state.record() == UNREPORTED => state.set_record(DETACHED),
+            None if link.record() == UNREPORTED => link.set_record(DETACHED),
             None => {}
         }
     }
@@ -939,8 +939,8 @@ mod tests {
         served: Requests,
     }
 
-    fn tracked(state: &Link) -> Tracked {
-        NonNull::from(state)
+    fn tracked(link: &Link) -> Tracked {
+        NonNull::from(link)
     }
 
     impl Entries {
