@@ -37,6 +37,20 @@ pub(crate) struct SlotArray<K, V> {
     pub(crate) copied: AtomicUsize,
 }
 
+#[cfg(test)]
+std::thread_local! {
+    /// Arrays allocated and not yet dropped by this thread: the table's tests check that a
+    /// table frees the arrays it outgrew.
+    pub(crate) static ALIVE: std::cell::Cell<isize> = const { std::cell::Cell::new(0) };
+}
+
+#[cfg(test)]
+impl<K, V> Drop for SlotArray<K, V> {
+    fn drop(&mut self) {
+        ALIVE.with(|n| n.set(n.get() - 1));
+    }
+}
+
 impl<K, V> SlotArray<K, V> {
     /// An empty array with `slots` slots (a power of two, at least [`MIN_SLOTS`]).
     pub(crate) fn new(slots: usize) -> Self {
@@ -52,6 +66,8 @@ impl<K, V> SlotArray<K, V> {
         let mut cells = Vec::new();
         cells.try_reserve_exact(slots).ok()?;
         cells.extend((0..slots).map(|_| Atomic::null()));
+        #[cfg(test)]
+        ALIVE.with(|n| n.set(n.get() + 1));
         Some(SlotArray {
             mask: slots - 1,
             tags: tags.into_boxed_slice(),

@@ -432,6 +432,10 @@ impl<K, V> Table<K, V> {
             // earlier hold guards, so it is destroyed only after they unpin. Dropping an
             // array does not drop the nodes it points to (they live on in `next`).
             unsafe { guard.defer_destroy(array) };
+            // An array is the largest thing the table retires, and a thread's deferred
+            // frees wait in its own bag until 64 more come: a table that only grows retires
+            // nothing else, so without the flush every array it outgrew stays allocated.
+            guard.flush();
         }
         Some(next)
     }

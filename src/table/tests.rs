@@ -126,6 +126,32 @@ fn update_decisions_and_remove_node_identity() {
     assert_eq!(get(&t, 5, &g), None);
 }
 
+#[test]
+fn a_table_that_only_grows_frees_the_arrays_it_outgrew() {
+    let c = Collector::new();
+    let handle = c.register();
+    let before = array::ALIVE.with(|n| n.get());
+    let t: Table<u64, u64> = Table::with_capacity(4);
+    let n = scaled(4_000) as u64;
+    // One pin per write, as the cache pins: nothing but the outgrown arrays is retired.
+    for k in 0..n {
+        put(&t, k, k, &handle.pin());
+    }
+    let grown = array::ALIVE.with(|n| n.get()) - before;
+    // Later pins (one in 128 collects, and may advance the epoch by one) free what was
+    // retired: a retired array is freed two epochs on.
+    for _ in 0..8 * 128 {
+        drop(handle.pin());
+    }
+    let alive = array::ALIVE.with(|n| n.get()) - before;
+    assert_eq!(
+        alive, 1,
+        "{n} inserts grew the table through {grown} arrays still allocated after the fill, \
+         {alive} after 1,024 more pins: all but the table's own should be freed"
+    );
+    assert_eq!(t.len(), n as usize);
+}
+
 /// Counts drops of a value so that tests can check each is dropped exactly once.
 #[derive(Debug)]
 struct Tracked(Arc<AtomicUsize>);
