@@ -63,7 +63,7 @@ impl<V> Ready<V> {
     pub(crate) fn history(&self) -> (u64, u32) {
         self.refresh
             .as_ref()
-            .map_or((0, 0), |r| (r.delta, r.failures))
+            .map_or((0, 0), |r| (r.delta(), r.failures()))
     }
 }
 

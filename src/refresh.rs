@@ -15,7 +15,7 @@
 use std::fmt;
 
 use crate::clock::NEVER;
-use crate::sync::{AtomicBool, Ordering};
+use crate::sync::{AtomicU64, Ordering};
 
 /// Upper bound of `-ln U` for `U` in (0, 1] with 53 bits: `53 ln 2 = 36.74`.
 pub(crate) const MAX_NEG_LN_U: f64 = 36.8;
@@ -131,37 +131,55 @@ impl fmt::Debug for RefreshSettings {
 }
 
 /// Per-entry refresh state, fixed when the entry is written (a refresh writes a new entry),
-/// except the claim flag.
+/// except the claim flag. 24 bytes, so that with its allocator header it fills a 32-byte
+/// block: the load-time estimate, the failure count and the claim share one word.
 #[derive(Debug)]
 pub(crate) struct RefreshState {
     /// No rule can fire before this instant.
     check_at: u64,
     soft_at: u64,
-    /// Measured load time (EWMA), nanoseconds.
-    pub(crate) delta: u64,
-    /// Consecutive failed refreshes behind this entry.
-    pub(crate) failures: u32,
-    /// Set by the one caller that starts this entry's refresh.
-    claimed: AtomicBool,
+    /// From the top bit down: the claim flag, the consecutive failed refreshes behind this
+    /// entry (15 bits, saturating), the measured load time in nanoseconds (EWMA; 48 bits,
+    /// saturating at 78 hours).
+    history: AtomicU64,
 }
 
+/// The claim flag in `RefreshState::history`.
+const CLAIMED: u64 = 1 << 63;
+/// Where the failure count starts in `RefreshState::history`.
+const FAILURES_SHIFT: u32 = 48;
+/// The largest failure count stored.
+const MAX_FAILURES: u32 = (1 << 15) - 1;
+/// The largest load time stored, in nanoseconds.
+const MAX_DELTA: u64 = (1 << FAILURES_SHIFT) - 1;
+
 impl RefreshState {
+    /// The measured load time (EWMA), nanoseconds.
+    pub(crate) fn delta(&self) -> u64 {
+        self.history.load(Ordering::Relaxed) & MAX_DELTA
+    }
+
+    /// Consecutive failed refreshes behind this entry.
+    pub(crate) fn failures(&self) -> u32 {
+        // At most 15 bits once the flag is masked off.
+        ((self.history.load(Ordering::Relaxed) & !CLAIMED) >> FAILURES_SHIFT) as u32
+    }
+
     /// Claims this entry's refresh; true for exactly one caller. Test before set: once it is
     /// claimed, readers only read the flag. Relaxed: the claim elects, the CAS that then
     /// installs the refresh's flight on the slot orders everything else.
     pub(crate) fn try_claim(&self) -> bool {
-        !self.claimed.load(Ordering::Relaxed)
+        let seen = self.history.load(Ordering::Relaxed);
+        seen & CLAIMED == 0
             && self
-                .claimed
-                .compare_exchange(false, true, Ordering::Relaxed, Ordering::Relaxed)
+                .history
+                .compare_exchange(seen, seen | CLAIMED, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
     }
-}
 
-impl RefreshState {
     /// Gives the claim back when the refresh could not start (no load permit).
     pub(crate) fn unclaim(&self) {
-        self.claimed.store(false, Ordering::Relaxed);
+        self.history.fetch_and(!CLAIMED, Ordering::Relaxed);
     }
 }
 
@@ -223,12 +241,12 @@ impl RefreshSettings {
                 .min(BACKOFF_MAX_NANOS);
             now.saturating_add(backoff)
         };
+        let history =
+            u64::from(failures.min(MAX_FAILURES)) << FAILURES_SHIFT | delta.min(MAX_DELTA);
         RefreshState {
             check_at: soft_at.min(xfetch_from).max(not_before),
             soft_at,
-            delta,
-            failures,
-            claimed: AtomicBool::new(false),
+            history: AtomicU64::new(history),
         }
     }
 
@@ -249,7 +267,7 @@ impl RefreshSettings {
             return true;
         }
         match self.beta {
-            Some(beta) => xfetch_due(now, expires_at, state.delta, beta, draw()),
+            Some(beta) => xfetch_due(now, expires_at, state.delta(), beta, draw()),
             None => false,
         }
     }
@@ -268,6 +286,23 @@ mod tests {
             beta: Some(beta),
             ..RefreshSettings::default()
         }
+    }
+
+    #[test]
+    fn an_entry_s_plan_keeps_its_history_through_claims_in_three_words() {
+        assert_eq!(std::mem::size_of::<RefreshState>(), 24);
+        let st = xfetch(1.0).state(0, 100 * SEC, 3 * SEC, 5);
+        assert_eq!((st.delta(), st.failures()), (3 * SEC, 5));
+        assert!(st.try_claim(), "the first claim wins");
+        assert!(!st.try_claim(), "a claimed plan is not claimed twice");
+        assert_eq!((st.delta(), st.failures()), (3 * SEC, 5), "claimed");
+        st.unclaim();
+        assert_eq!((st.delta(), st.failures()), (3 * SEC, 5), "given back");
+        assert!(st.try_claim(), "a plan given back is claimed again");
+        // Beyond their bits, the load time and the failures saturate, and stay apart.
+        let st = xfetch(1.0).state(0, NEVER, u64::MAX, u32::MAX);
+        assert_eq!((st.delta(), st.failures()), (MAX_DELTA, MAX_FAILURES));
+        assert!(st.try_claim());
     }
 
     #[test]
