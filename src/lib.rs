@@ -344,6 +344,7 @@ mod metrics;
 mod miss;
 mod pacing;
 mod policy;
+mod prefetch;
 mod refresh;
 mod removal;
 mod rng;

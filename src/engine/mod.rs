@@ -335,8 +335,10 @@ where
     /// entry of the key, and admits it (which may evict others).
     pub(crate) fn insert(&self, key: K, value: V, ttl: Option<u64>, pinned: &Pinned<'_>) {
         let hash = self.hash(&key);
+        self.table.prefetch(hash, &pinned.guard);
         let weight = self.weight_of(&key, &value);
         let pkey = self.pkey(&key);
+        self.policy.prefetch(pkey);
         let now = self.once_now();
         let expires_at = ttl.map_or(NEVER, |t| expiry_after(now.get(), t));
         let entry = self.ready_entry(pkey, value, expires_at, (0, 0), &now);

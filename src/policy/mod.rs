@@ -266,13 +266,21 @@ const SKETCH_MAX_ENTRIES: u64 = 1 << 24;
 /// shard's share could hold.
 #[derive(Debug)]
 pub(crate) struct Policy {
-    shards: Box<[CachePadded<Mutex<Shard>>]>,
+    shards: Box<[CachePadded<Locked>]>,
     /// `64 - log2(shards)`: the policy key's top bits choose the shard (its low bits place it
     /// in the shard's index, and the sketch remixes it).
     shift: u32,
 }
 
 type Shard = (tinylfu::Core, Vec<Victim>);
+
+/// A shard under its lock, beside where its sketch's counters are, which a write prefetches
+/// before it takes the lock.
+#[derive(Debug)]
+struct Locked {
+    shard: Mutex<Shard>,
+    sketch: sketch::Hint,
+}
 
 impl Policy {
     /// A policy for `max_weight` units, seeded for its sketches; `weighted`: a weigher is set;
@@ -296,7 +304,10 @@ impl Policy {
                 if !weighted {
                     core.reserve(share);
                 }
-                CachePadded::new(Mutex::new((core, Vec::new())))
+                CachePadded::new(Locked {
+                    sketch: core.sketch_hint(),
+                    shard: Mutex::new((core, Vec::new())),
+                })
             })
             .collect();
         Policy {
@@ -315,7 +326,7 @@ impl Policy {
     pub(crate) fn weight(&self) -> u64 {
         self.shards
             .iter()
-            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).0.weight())
+            .map(|s| s.shard.lock().unwrap_or_else(|p| p.into_inner()).0.weight())
             .sum()
     }
 
@@ -333,7 +344,7 @@ impl Policy {
     ) -> Vec<Ranked> {
         let mut all: Vec<Ranked> = Vec::new();
         for shard in self.shards.iter() {
-            let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            let shard = shard.shard.lock().unwrap_or_else(|p| p.into_inner());
             all.extend(shard.0.ranked(n, hottest, look));
         }
         all.sort_unstable_by_key(|r| std::cmp::Reverse(r.pref));
@@ -346,6 +357,15 @@ impl Policy {
     pub(crate) fn shard_of(&self, pkey: u64) -> u8 {
         // `checked_shr`: one shard shifts by 64, which selects shard 0. At most `MAX_SHARDS`.
         pkey.checked_shr(self.shift).unwrap_or(0) as u8
+    }
+
+    /// Starts loading the sketch counters that a write of `pkey` will update, before the
+    /// write takes its shard's lock (see `prefetch.rs`).
+    #[inline]
+    pub(crate) fn prefetch(&self, pkey: u64) {
+        self.shards[usize::from(self.shard_of(pkey))]
+            .sketch
+            .prefetch(pkey);
     }
 
     /// Runs `f` on locked shard `shard` (a write or a removal). No user code runs under the
@@ -363,6 +383,7 @@ impl Policy {
         f: impl FnOnce(&mut dyn EvictionPolicy, &mut Vec<Victim>) -> R,
     ) -> R {
         let mut guard = self.shards[usize::from(shard)]
+            .shard
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         let (core, scratch) = &mut *guard;
@@ -424,7 +445,11 @@ mod tests {
             p.shards() >= 4,
             "100,003 entries on any machine: at least 4 shards"
         );
-        let total: u64 = p.shards.iter().map(|s| s.lock().unwrap().0.max()).sum();
+        let total: u64 = p
+            .shards
+            .iter()
+            .map(|s| s.shard.lock().unwrap().0.max())
+            .sum();
         assert_eq!(total, 100_003);
         assert_eq!(Policy::new(100_003, 1, true, false).shards(), 1);
     }

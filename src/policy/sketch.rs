@@ -20,10 +20,15 @@ const MIN_WORDS: usize = 1024;
 /// fast follows shifts in popularity sooner.
 const AGE_EVERY: usize = 5;
 
+/// Eight words of counters on one cache line: a block that straddled two lines (the
+/// allocator aligns a large array to 16 bytes) would make each update two misses.
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(C, align(64))]
+struct Block([u64; 8]);
+
 #[derive(Debug)]
 pub(crate) struct Sketch {
-    /// Blocks of eight words.
-    table: Vec<[u64; 8]>,
+    table: Vec<Block>,
     block_mask: usize,
     seed: u64,
     /// Increments since the last halving.
@@ -48,7 +53,7 @@ impl Sketch {
         let words = capacity.max(MIN_WORDS).next_power_of_two();
         let blocks = (words / 8).max(1);
         Sketch {
-            table: vec![[0; 8]; blocks],
+            table: vec![Block::default(); blocks],
             block_mask: blocks - 1,
             seed: mix(seed | 1),
             additions: 0,
@@ -74,10 +79,20 @@ impl Sketch {
         (block, spots)
     }
 
+    /// Where `key`'s counters are, for a caller that may not read the sketch (it is under
+    /// its shard's lock) to prefetch them: the blocks are allocated once, with the sketch.
+    pub(crate) fn hint(&self) -> Hint {
+        Hint {
+            blocks: self.table.as_ptr().addr(),
+            block_mask: self.block_mask,
+            seed: self.seed,
+        }
+    }
+
     /// The estimated recent frequency of `key` (0 to 15).
     pub(crate) fn frequency(&self, key: u64) -> u64 {
         let (block, spots) = self.positions(key);
-        let b = &self.table[block];
+        let b = &self.table[block].0;
         let count = |(w, shift): (usize, u32)| (b[w] >> shift) & 0xf;
         count(spots[0])
             .min(count(spots[1]))
@@ -90,7 +105,7 @@ impl Sketch {
     /// halving.
     pub(crate) fn increment(&mut self, key: u64) {
         let (block, spots) = self.positions(key);
-        let b = &mut self.table[block];
+        let b = &mut self.table[block].0;
         let mut raised = false;
         for (w, shift) in spots {
             if (b[w] >> shift) & 0xf < MAX_COUNT {
@@ -113,7 +128,7 @@ impl Sketch {
     fn halve(&mut self) {
         const LOW_BITS: u64 = 0x7777_7777_7777_7777;
         for block in &mut self.table {
-            for w in block.iter_mut() {
+            for w in block.0.iter_mut() {
                 *w = (*w >> 1) & LOW_BITS;
             }
         }
@@ -123,9 +138,41 @@ impl Sketch {
 
 const _: () = assert!(PER_WORD * 4 == 64);
 
+/// A sketch's layout, readable without its lock (see [`Sketch::hint`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Hint {
+    /// The address of the first block: an address only, never read through.
+    blocks: usize,
+    block_mask: usize,
+    seed: u64,
+}
+
+impl Hint {
+    /// Starts loading the block of `key`'s counters (see `prefetch.rs`).
+    #[inline]
+    pub(crate) fn prefetch(&self, key: u64) {
+        let block = (mix(key ^ self.seed) as usize) & self.block_mask;
+        let at = self.blocks + block * std::mem::size_of::<Block>();
+        crate::prefetch::prefetch(std::ptr::without_provenance::<Block>(at));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_s_counters_share_one_cache_line() {
+        for capacity in [1_000, 100_000, 1_000_000] {
+            let s = Sketch::new(capacity, 3);
+            assert_eq!(
+                s.table.as_ptr().addr() % 64,
+                0,
+                "blocks of a sketch for {capacity} entries start off a line boundary"
+            );
+            assert_eq!(std::mem::size_of::<Block>(), 64);
+        }
+    }
 
     #[test]
     fn counts_saturate_and_age() {

@@ -283,6 +283,11 @@ impl Core {
         }
     }
 
+    /// Where the sketch's counters are (see `Sketch::hint`).
+    pub(crate) fn sketch_hint(&self) -> super::sketch::Hint {
+        self.sketch.hint()
+    }
+
     /// The capacity, in weight units.
     #[cfg(test)]
     pub(crate) fn max(&self) -> u64 {

@@ -237,6 +237,18 @@ impl<K, V> Table<K, V> {
         matches!(outcome, Outcome::Removed(_))
     }
 
+    /// Starts loading the home slot of `hash` (its tag byte and its pointer) in the newest
+    /// array, for a write about to look there (see `prefetch.rs`).
+    #[inline]
+    pub fn prefetch(&self, hash: u64, guard: &Guard) {
+        let array = self.root.load(Ordering::Acquire, guard);
+        // SAFETY: see `newest`.
+        let a = unsafe { array.deref() };
+        let i = (hash as usize) & a.mask;
+        crate::prefetch::prefetch(a.tags.as_ptr().wrapping_add(i));
+        crate::prefetch::prefetch(a.slots.as_ptr().wrapping_add(i));
+    }
+
     /// The general write: finds the key's current node, asks `decide` what to do with it, and
     /// does that atomically (retrying `decide` if the slot changed under it).
     ///
