@@ -89,6 +89,12 @@ impl Sketch {
         }
     }
 
+    /// Starts loading `key`'s block (see `prefetch.rs`).
+    #[inline]
+    pub(crate) fn prefetch(&self, key: u64) {
+        self.hint().prefetch(key);
+    }
+
     /// The estimated recent frequency of `key` (0 to 15).
     pub(crate) fn frequency(&self, key: u64) -> u64 {
         let (block, spots) = self.positions(key);

@@ -616,6 +616,17 @@ impl Core {
         self.rng
     }
 
+    /// Starts loading the sketch counters of the window's oldest entry and of probation's,
+    /// the candidate and the victim of the duel this write most likely ends with, so that
+    /// their misses overlap with the write's bookkeeping (see `prefetch.rs`).
+    fn prefetch_duel(&self) {
+        for region in [Region::Window, Region::Probation] {
+            if let Some(n) = self.nodes.get(self.lists[region as usize].head as usize) {
+                self.sketch.prefetch(n.pkey);
+            }
+        }
+    }
+
     /// TinyLFU's admission: whether the candidate should replace the victim.
     fn admit(&mut self, candidate: u32, victim: u32) -> bool {
         let c = self.sketch.frequency(self.nodes[candidate as usize].pkey);
@@ -856,6 +867,7 @@ impl EvictionPolicy for Core {
         served: &Served<'_>,
     ) {
         let (pkey, weight) = (write.pkey, write.weight);
+        self.prefetch_duel();
         // SAFETY: the caller's contract.
         let Some(took) = (unsafe { self.succeed(&write) }) else {
             return;
