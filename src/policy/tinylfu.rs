@@ -53,7 +53,17 @@ use super::sketch::Sketch;
 use super::window::{Resize, Served, Sizer};
 use super::{EvictionPolicy, Link, DETACHED, UNREPORTED};
 
-const NIL: u32 = u32::MAX;
+/// Bits of a record number in a list link; the bits above carry the record's region or
+/// flags (see `PNode`).
+const LINK_BITS: u32 = 30;
+const LINK_MASK: u32 = (1 << LINK_BITS) - 1;
+/// No record: the end of a list. Records are numbered below it.
+const NIL: u32 = LINK_MASK;
+/// In `PNode::fore`: in the main space without having won a duel, and not hit since (see
+/// `admit`).
+const UNCHALLENGED: u32 = 1 << LINK_BITS;
+/// In `PNode::fore`: in probation's cold zone (see `fill_zone`).
+const ZONED: u32 = 1 << (LINK_BITS + 1);
 
 /// The window's initial share of the capacity.
 const WINDOW_START: f64 = 0.01;
@@ -119,20 +129,83 @@ enum Region {
     Protected = 2,
 }
 
-/// A key's record: where it stands in the policy, and the node of its current write.
+/// A key's record: where it stands in the policy, and the node of its current write. Three
+/// words: the list links carry the region and the flags in their top bits, and the weight
+/// is kept beside the records only once a write weighs other than 1 (`Core::weights`).
 #[derive(Debug, Clone)]
 struct PNode {
     node: Tracked,
     pkey: u64,
-    /// At most `u32::MAX`: a weigher's answer (see `Write::weight`).
-    weight: u32,
-    region: Region,
-    /// In the main space without having won a duel, and not hit since (see `admit`).
-    unchallenged: bool,
-    /// In probation's cold zone (see `fill_zone`).
-    zoned: bool,
-    prev: u32,
-    next: u32,
+    /// The previous record in the region's list (`NIL`: none) below `LINK_BITS`, the
+    /// region above.
+    back: u32,
+    /// The next record in the region's list (`NIL`: none) below `LINK_BITS`, the flags
+    /// `UNCHALLENGED` and `ZONED` above.
+    fore: u32,
+}
+
+impl PNode {
+    /// A record of `node` in no list yet, with no flag.
+    fn new(node: Tracked, pkey: u64) -> Self {
+        PNode {
+            node,
+            pkey,
+            back: NIL,
+            fore: NIL,
+        }
+    }
+
+    fn prev(&self) -> u32 {
+        self.back & LINK_MASK
+    }
+
+    fn next(&self) -> u32 {
+        self.fore & LINK_MASK
+    }
+
+    fn set_prev(&mut self, i: u32) {
+        self.back = (self.back & !LINK_MASK) | i;
+    }
+
+    fn set_next(&mut self, i: u32) {
+        self.fore = (self.fore & !LINK_MASK) | i;
+    }
+
+    fn region(&self) -> Region {
+        match self.back >> LINK_BITS {
+            0 => Region::Window,
+            1 => Region::Probation,
+            _ => Region::Protected,
+        }
+    }
+
+    fn set_region(&mut self, region: Region) {
+        self.back = (self.back & LINK_MASK) | (region as u32) << LINK_BITS;
+    }
+
+    fn unchallenged(&self) -> bool {
+        self.fore & UNCHALLENGED != 0
+    }
+
+    fn set_unchallenged(&mut self, on: bool) {
+        self.fore = if on {
+            self.fore | UNCHALLENGED
+        } else {
+            self.fore & !UNCHALLENGED
+        };
+    }
+
+    fn zoned(&self) -> bool {
+        self.fore & ZONED != 0
+    }
+
+    fn set_zoned(&mut self, on: bool) {
+        self.fore = if on {
+            self.fore | ZONED
+        } else {
+            self.fore & !ZONED
+        };
+    }
 }
 
 /// A doubly linked list through `nodes`: `head` is the least recently used.
@@ -197,6 +270,10 @@ pub(crate) type Probe<'a> = dyn FnMut(&Victim) -> Look + 'a;
 #[derive(Debug)]
 pub(crate) struct Core {
     nodes: Vec<PNode>,
+    /// Each record's weight (at most `u32::MAX`: a weigher's answer, see `Write::weight`),
+    /// by record number; `None` while every write has weighed 1, as without a weigher, and
+    /// then a record at or past the end weighs 1 too.
+    weights: Option<Vec<u32>>,
     free: Vec<u32>,
     /// From policy key to record, only where entries must be found by policy key (see
     /// `EvictionPolicy::find`).
@@ -229,6 +306,7 @@ impl Core {
     pub(crate) fn with_sketch(max: u64, sketched: u64, seed: u64) -> Self {
         let mut core = Core {
             nodes: Vec::new(),
+            weights: None,
             free: Vec::new(),
             index: None,
             lists: [List::default(); 3],
@@ -326,7 +404,7 @@ impl Core {
                 if kept.len() > n {
                     kept.pop();
                 }
-                i = node.next;
+                i = node.next();
                 position = position.saturating_add(1);
             }
         }
@@ -387,8 +465,31 @@ impl Core {
         }
     }
 
-    /// Records a new key. A shard holds fewer than `DETACHED` records: each is a node in
-    /// memory, and 4 billion of them would take hundreds of gigabytes.
+    /// Record `i`'s weight.
+    #[inline]
+    fn weight_of(&self, i: u32) -> u64 {
+        self.weights
+            .as_ref()
+            .and_then(|w| w.get(i as usize))
+            .map_or(1, |&w| u64::from(w))
+    }
+
+    /// Gives record `i` the weight of a write weighing `weight`. The first weight other than
+    /// 1 makes the policy keep weights.
+    fn set_weight(&mut self, i: u32, weight: u64) {
+        let stored = stored_weight(weight);
+        if self.weights.is_none() && stored == 1 {
+            return;
+        }
+        let weights = self.weights.get_or_insert_with(Vec::new);
+        if weights.len() <= i as usize {
+            weights.resize(self.nodes.len().max(i as usize + 1), 1);
+        }
+        weights[i as usize] = stored;
+    }
+
+    /// Records a new key. A shard holds fewer than `NIL` (2^30 - 1) records: each is a node
+    /// in memory, and a billion of them would take a hundred gigabytes.
     fn alloc(&mut self, node: PNode) -> u32 {
         let pkey = node.pkey;
         let i = match self.free.pop() {
@@ -398,7 +499,7 @@ impl Core {
             }
             None => {
                 assert!(
-                    self.nodes.len() < DETACHED as usize,
+                    self.nodes.len() < NIL as usize,
                     "herdcache: policy shard full"
                 );
                 self.nodes.push(node);
@@ -431,59 +532,61 @@ impl Core {
         let tail = self.lists[region as usize].tail;
         {
             let n = &mut self.nodes[i as usize];
-            n.region = region;
-            n.prev = tail;
-            n.next = NIL;
+            n.set_region(region);
+            n.set_prev(tail);
+            n.set_next(NIL);
         }
         match tail {
             NIL => self.lists[region as usize].head = i,
-            t => self.nodes[t as usize].next = i,
+            t => self.nodes[t as usize].set_next(i),
         }
+        let weight = self.weight_of(i);
         let list = &mut self.lists[region as usize];
         list.tail = i;
-        list.weight += u64::from(self.nodes[i as usize].weight);
+        list.weight += weight;
     }
 
     /// Links `i` into `anchor`'s region just before `anchor` (more recent than all but it).
     fn push_before(&mut self, i: u32, anchor: u32) {
         let (region, prev) = {
             let a = &self.nodes[anchor as usize];
-            (a.region, a.prev)
+            (a.region(), a.prev())
         };
         {
             let n = &mut self.nodes[i as usize];
-            n.region = region;
-            n.prev = prev;
-            n.next = anchor;
+            n.set_region(region);
+            n.set_prev(prev);
+            n.set_next(anchor);
         }
-        self.nodes[anchor as usize].prev = i;
+        self.nodes[anchor as usize].set_prev(i);
         match prev {
             NIL => self.lists[region as usize].head = i,
-            p => self.nodes[p as usize].next = i,
+            p => self.nodes[p as usize].set_next(i),
         }
-        self.lists[region as usize].weight += u64::from(self.nodes[i as usize].weight);
+        self.lists[region as usize].weight += self.weight_of(i);
     }
 
     fn unlink(&mut self, i: u32) {
-        let (prev, next, region, weight) = {
+        let weight = self.weight_of(i);
+        let (prev, next, region) = {
             let n = &mut self.nodes[i as usize];
-            let zoned = std::mem::take(&mut n.zoned);
-            if zoned {
-                self.zone_weight -= u64::from(n.weight);
+            if n.zoned() {
+                n.set_zoned(false);
+                self.zone_weight -= weight;
                 if self.zone_end == i {
                     // The zone is a prefix: the entry before it is in the zone too, or none.
-                    self.zone_end = n.prev;
+                    self.zone_end = n.prev();
                 }
             }
-            (n.prev, n.next, n.region, u64::from(n.weight))
+            (n.prev(), n.next(), n.region())
         };
         match prev {
             NIL => self.lists[region as usize].head = next,
-            p => self.nodes[p as usize].next = next,
+            p => self.nodes[p as usize].set_next(next),
         }
         match next {
             NIL => self.lists[region as usize].tail = prev,
-            n => self.nodes[n as usize].prev = prev,
+            n => self.nodes[n as usize].set_prev(prev),
         }
         self.lists[region as usize].weight -= weight;
     }
@@ -491,12 +594,12 @@ impl Core {
     /// A rewrite of a tracked key: most recently used in its region, and promoted from
     /// probation to protected.
     fn touch(&mut self, i: u32, probe: &mut Probe<'_>, budget: &mut usize) {
-        let region = self.nodes[i as usize].region;
+        let region = self.nodes[i as usize].region();
         self.unlink(i);
         match region {
             Region::Window => self.push(i, Region::Window),
             Region::Probation | Region::Protected => {
-                self.nodes[i as usize].unchallenged = false;
+                self.nodes[i as usize].set_unchallenged(false);
                 self.push(i, Region::Protected);
                 self.demote_overflow(probe, budget);
             }
@@ -543,7 +646,7 @@ impl Core {
         while self.zone_weight < reach {
             let next = match self.zone_end {
                 NIL => self.lists[Region::Probation as usize].head,
-                e => self.nodes[e as usize].next,
+                e => self.nodes[e as usize].next(),
             };
             if next == NIL {
                 break;
@@ -554,16 +657,15 @@ impl Core {
                 self.promote(next, probe, budget);
                 continue;
             }
-            let n = &mut self.nodes[next as usize];
-            n.zoned = true;
-            self.zone_weight += u64::from(n.weight);
+            self.nodes[next as usize].set_zoned(true);
+            self.zone_weight += self.weight_of(next);
             self.zone_end = next;
         }
     }
 
     /// A probation entry hit since its last look moves to protected.
     fn promote(&mut self, i: u32, probe: &mut Probe<'_>, budget: &mut usize) {
-        self.nodes[i as usize].unchallenged = false;
+        self.nodes[i as usize].set_unchallenged(false);
         self.unlink(i);
         self.push(i, Region::Protected);
         self.demote_overflow(probe, budget);
@@ -587,7 +689,7 @@ impl Core {
     /// The oldest entry of `region` other than `newest`, or `NIL`.
     fn oldest_but(&self, region: Region, newest: u32) -> u32 {
         match self.lists[region as usize].head {
-            h if h == newest && h != NIL => self.nodes[h as usize].next,
+            h if h == newest && h != NIL => self.nodes[h as usize].next(),
             h => h,
         }
     }
@@ -631,7 +733,7 @@ impl Core {
     fn admit(&mut self, candidate: u32, victim: u32) -> bool {
         let c = self.sketch.frequency(self.nodes[candidate as usize].pkey);
         let v = self.sketch.frequency(self.nodes[victim as usize].pkey);
-        let relaxed = self.nodes[victim as usize].unchallenged
+        let relaxed = self.nodes[victim as usize].unchallenged()
             && c >= UNCHALLENGED_MIN
             && self.lists[Region::Protected as usize].weight > 0;
         let margin = if relaxed { 0 } else { ADMIT_MARGIN };
@@ -684,11 +786,11 @@ impl Core {
                 continue;
             }
             let main_max = self.max - self.window_max;
-            let cw = u64::from(self.nodes[c as usize].weight);
+            let cw = self.weight_of(c);
             let mut dueled = false;
             loop {
                 if self.main_weight() + cw <= main_max {
-                    self.nodes[c as usize].unchallenged = !dueled;
+                    self.nodes[c as usize].set_unchallenged(!dueled);
                     self.push(c, Region::Probation);
                     break;
                 }
@@ -708,7 +810,7 @@ impl Core {
                 if lv.hits > 0 && *budget > 0 {
                     // Hit since its last look: it is not the least recently used after all.
                     *budget -= 1;
-                    if self.nodes[v as usize].zoned {
+                    if self.nodes[v as usize].zoned() {
                         self.sizer.cold_hit();
                     }
                     self.promote(v, probe, budget);
@@ -748,7 +850,7 @@ impl Core {
             let lv = self.look(v, probe);
             if !lv.expired && lv.hits > 0 && *budget > 0 {
                 *budget -= 1;
-                if self.nodes[v as usize].zoned {
+                if self.nodes[v as usize].zoned() {
                     self.sizer.cold_hit();
                 }
                 self.promote(v, probe, budget);
@@ -762,7 +864,7 @@ impl Core {
     /// before the newest write when that is in the window, so the newest stays the last to
     /// leave.
     fn requeue_in_window(&mut self, i: u32, newest: u32) {
-        if newest != i && newest != NIL && self.nodes[newest as usize].region == Region::Window {
+        if newest != i && newest != NIL && self.nodes[newest as usize].region() == Region::Window {
             self.push_before(i, newest);
         } else {
             self.push(i, Region::Window);
@@ -818,11 +920,12 @@ impl Core {
         Some(match self.of_key(inherited, pkey) {
             Some(i) => {
                 link.set_record(i);
+                let old = self.weight_of(i);
+                self.set_weight(i, weight);
                 let n = &mut self.nodes[i as usize];
                 n.node = node;
-                let (region, old) = (n.region, u64::from(n.weight));
-                n.weight = stored_weight(weight);
-                if n.zoned {
+                let region = n.region();
+                if n.zoned() {
                     self.zone_weight = self.zone_weight - old + weight;
                 }
                 let list = &mut self.lists[region as usize];
@@ -830,16 +933,8 @@ impl Core {
                 Took::Inherited(i)
             }
             None => {
-                let i = self.alloc(PNode {
-                    node,
-                    pkey,
-                    weight: stored_weight(weight),
-                    region: Region::Window,
-                    unchallenged: false,
-                    zoned: false,
-                    prev: NIL,
-                    next: NIL,
-                });
+                let i = self.alloc(PNode::new(node, pkey));
+                self.set_weight(i, weight);
                 link.set_record(i);
                 self.push(i, Region::Window);
                 Took::New(i)
@@ -1533,6 +1628,42 @@ mod tests {
         report(&mut core, 7, b, Some(a));
         assert_eq!(core.len(), 0);
         assert_eq!(core.find(7, &mut |_| true), None);
+    }
+
+    #[test]
+    fn a_record_is_three_words() {
+        assert_eq!(std::mem::size_of::<PNode>(), 24);
+    }
+
+    #[test]
+    fn records_reused_once_weights_appear_weigh_what_their_own_writes_weigh() {
+        let mut core = Core::new(8, 1);
+        let mut e = Entries::default();
+        let mut weighs = HashMap::new();
+        let mut write = |core: &mut Core, e: &mut Entries, key: u64, w: u64| {
+            weighs.insert(key, w);
+            write_w(core, e, key, w);
+            e.check(core);
+            let held: u64 = e.table.keys().map(|k| weighs[k]).sum();
+            assert_eq!(core.weight(), held, "after writing key {key}, weighing {w}");
+            assert!(held <= 8, "{held} held by a policy of 8");
+        };
+        // Evictions leave free records, with no weight kept while every write weighs 1.
+        for k in 0..16 {
+            write(&mut core, &mut e, k, 1);
+        }
+        assert!(
+            core.weights.is_none(),
+            "weights kept for writes that all weigh 1"
+        );
+        write(&mut core, &mut e, 100, 3);
+        // Writes of weight 1 take the records freed since, whatever those weighed.
+        for k in 200..216 {
+            write(&mut core, &mut e, k, 1 + k % 2);
+        }
+        // A held key rewritten with another weight.
+        let k = *e.table.keys().next().expect("keys are held");
+        write(&mut core, &mut e, k, 2);
     }
 
     #[test]
