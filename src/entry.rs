@@ -1,5 +1,4 @@
-//! What the table stores for each key: a value, an in-progress load, or a cached error, with a
-//! version unique within the cache.
+//! What the table stores for each key: a value, an in-progress load, or a cached error.
 
 use std::any::Any;
 use std::sync::Arc;
@@ -10,21 +9,20 @@ use crate::refresh::RefreshState;
 
 pub(crate) use crate::clock::{expiry_after, NEVER};
 
-/// One slot's content, immutable once published except for the policy's hit counter. Every
-/// write of a key publishes a new
-/// `Entry` with a fresh version, so "the entry still has version v" identifies one write even
-/// if its address was reused.
+/// One slot's content, immutable once published except for the policy's hit counter and
+/// link. Every write of a key publishes a new `Entry` in a node of its own, so a node seen
+/// under a pin names one write for as long as the pin lasts: no node is freed, and so no
+/// address reused, while a reader that saw it is pinned.
 ///
 /// Laid out in declaration order (`repr(C)` here, on `Kind` and on `Ready`) with what a hit
 /// reads first: the policy's hit counter, the state's discriminant, the value and its expiry,
-/// then the refresh plan (read only by `get_or_load`), then the version (read only by
-/// writers) and the policy's link (read only by the policy).
+/// then the refresh plan (read only by `get_or_load`) and the policy's link (read only by
+/// the policy).
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct Entry<V> {
     pub(crate) policy: EntryState,
     pub(crate) kind: Kind<V>,
-    pub(crate) version: u64,
     pub(crate) link: Link,
 }
 
@@ -69,14 +67,12 @@ impl<V> Ready<V> {
 
 impl<V> Entry<V> {
     pub(crate) fn ready(
-        version: u64,
         shard: u8,
         value: V,
         expires_at: u64,
         refresh: Option<Box<RefreshState>>,
     ) -> Self {
         Self::with_kind(
-            version,
             shard,
             Kind::Ready(Ready {
                 value,
@@ -86,25 +82,19 @@ impl<V> Entry<V> {
         )
     }
 
-    pub(crate) fn loading(version: u64, shard: u8, flight: Arc<Flight<V>>) -> Self {
-        Self::with_kind(version, shard, Kind::Loading(flight))
+    pub(crate) fn loading(shard: u8, flight: Arc<Flight<V>>) -> Self {
+        Self::with_kind(shard, Kind::Loading(flight))
     }
 
-    pub(crate) fn failed(
-        version: u64,
-        shard: u8,
-        error: Arc<dyn Any + Send + Sync>,
-        expires_at: u64,
-    ) -> Self {
-        Self::with_kind(version, shard, Kind::Failed { error, expires_at })
+    pub(crate) fn failed(shard: u8, error: Arc<dyn Any + Send + Sync>, expires_at: u64) -> Self {
+        Self::with_kind(shard, Kind::Failed { error, expires_at })
     }
 
     /// `shard`: the policy shard of the key (`Policy::shard_of`).
-    fn with_kind(version: u64, shard: u8, kind: Kind<V>) -> Self {
+    fn with_kind(shard: u8, kind: Kind<V>) -> Self {
         Entry {
             policy: EntryState::new(shard),
             kind,
-            version,
             link: Link::new(),
         }
     }
@@ -173,14 +163,13 @@ mod tests {
 
     /// What a u64 value's entry costs (the table node adds the key and hash): the hit
     /// counter, the policy shard and the idle deadline take a word, the state with its value,
-    /// expiry and refresh pointer four, then the version and the policy's link. What a hit
-    /// reads (the first word and the state's first three) comes first: with the key and
-    /// hash, 48 bytes of the node, which cross a cache line in half the nodes (80-byte
-    /// blocks start at every 16 bytes of a line), where 56 would in three of four.
+    /// expiry and refresh pointer four, then the policy's link. What a hit reads (the first
+    /// word and the state's first three) comes first: with the key and hash, 48 bytes of the
+    /// 64-byte node.
     #[test]
-    fn an_entry_of_a_u64_is_seven_words_with_what_a_hit_reads_first() {
-        assert_eq!(std::mem::size_of::<Entry<u64>>(), 56);
+    fn an_entry_of_a_u64_is_six_words_with_what_a_hit_reads_first() {
+        assert_eq!(std::mem::size_of::<Entry<u64>>(), 48);
         assert_eq!(std::mem::offset_of!(Entry<u64>, kind), 8);
-        assert_eq!(std::mem::offset_of!(Entry<u64>, version), 40);
+        assert_eq!(std::mem::offset_of!(Entry<u64>, link), 40);
     }
 }

@@ -1,9 +1,9 @@
 //! The miss path: single flight over the table.
 //!
-//! A caller that misses tries to install a `Loading` entry (holding a fresh [`Flight`] and a
-//! fresh version) with one CAS on the key's slot; the winner leads the load, everyone who then
-//! finds the `Loading` entry waits on its flight. The leader publishes its value only if the
-//! slot still holds its `Loading` entry (same version), so an `insert`, `invalidate` or
+//! A caller that misses tries to install a `Loading` entry (holding a fresh [`Flight`]) with
+//! one CAS on the key's slot; the winner leads the load, everyone who then finds the
+//! `Loading` entry waits on its flight. The leader publishes its value only if the slot
+//! still holds its `Loading` entry (the one with its flight), so an `insert`, `invalidate` or
 //! `forget` during the load wins; then it completes the flight, which wakes every waiter. A
 //! drop guard completes the flight with `Panicked` and removes the `Loading` entry if the
 //! loader unwinds, so nothing is left waiting (DESIGN.md §4 invariants 2-4, §5).
@@ -410,7 +410,7 @@ where
     /// Detaches a load past its deadline (`load_timeout`) if the slot still holds it: a
     /// refresh's still-valid value goes back in place (the next refresh backs off), anything
     /// else is removed; then the flight completes as `TimedOut`, which wakes its waiters and
-    /// returns its permit. The loader, if it ever returns, finds its version gone.
+    /// returns its permit. The loader, if it ever returns, finds its entry gone.
     /// Returns whether it did (false: the flight was completed, or is being, by someone
     /// else).
     pub(crate) fn time_out<Q>(&self, key: &Q, hash: u64, flight: &Arc<Flight<V>>) -> bool
@@ -603,10 +603,8 @@ where
             };
 
             // Try to lead: replace exactly what we saw (nothing, a value, or a cached error)
-            // with our `Loading` entry. The version comparison, not the address, says
-            // "unchanged".
-            let seen = current.map(|n| n.value.version);
-            let version = self.inner.next_version();
+            // with our `Loading` entry.
+            let seen = current;
             let flight = Arc::new(Flight::new(Start {
                 stale: replaced,
                 history,
@@ -620,7 +618,7 @@ where
                 permit,
             }));
             let pkey = self.inner.pkey(key);
-            let loading = Entry::loading(version, self.inner.shard_of(pkey), Arc::clone(&flight));
+            let loading = Entry::loading(self.inner.shard_of(pkey), Arc::clone(&flight));
             // Both clones of the key (user code) before the install: once our `Loading` entry
             // is in the table, only the `Lead` (whose drop settles it) may run user code.
             let node = Node::owned(hash, key.to_owned(), loading);
@@ -819,7 +817,6 @@ where
                         let pkey = lead.pkey;
                         let entry = || {
                             Entry::failed(
-                                cache.inner.next_version(),
                                 cache.inner.shard_of(pkey),
                                 Arc::clone(&erased),
                                 expires_at,
@@ -1047,7 +1044,7 @@ where
         // cancellation, look at the key again (one of them leads a new load). A panic here,
         // while one may be unwinding, would abort the process: putting the value back runs
         // user code (`Clone`, the weigher), so it runs under `catch_unwind`, and the removal
-        // and completion that follow run none (the slot is matched by version, and freed
+        // and completion that follow run none (the slot is matched by flight, and freed
         // nodes' drops are contained by the table).
         // Relaxed: set and read on the thread that polls the leader, or handed over with it.
         let panicked = self.panicked.load(atomic::Ordering::Relaxed) || std::thread::panicking();

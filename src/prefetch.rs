@@ -3,7 +3,7 @@
 //! A write at capacity reads lines that are rarely in cache: the key's home slot (its tag
 //! byte and its pointer, in two arrays) and its counters in the frequency sketch. Asking for
 //! them as soon as their addresses are known lets those misses overlap with the write's
-//! other work (hashing, the node's allocation, the version counter) instead of each waiting
+//! other work (hashing, the clock, the node's allocation) instead of each waiting
 //! alone when it is reached.
 //!
 //! A prefetch is not a memory access of the language: it may name any address, including

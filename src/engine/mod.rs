@@ -20,7 +20,7 @@ mod sweep;
 
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
 
 use crossbeam_epoch::{Guard, Owned};
@@ -56,23 +56,16 @@ pub(crate) struct Engine<K, V, S> {
     /// Coordinates loads across instances.
     #[cfg(feature = "redis")]
     shared: Option<crate::fleet::RedisTier<K, V>>,
-    /// On a line of its own: every write bumps these, and a line shared with what every read
+    /// Writes that took their share of the sweep (see sweep.rs). On a line of its own:
+    /// every write of an expiring cache bumps it, and a line shared with what every read
     /// loads (the table's root, the hasher) would be taken from the readers' cores each time.
-    write_hot: CachePadded<WriteHot>,
+    sweep: CachePadded<AtomicUsize>,
     /// Set (once) when the cache first holds an entry that can expire: from then on, writes
     /// sweep (see sweep.rs).
     expiring: AtomicBool,
     // Dropped last: dropping the domain frees this thread's handle, letting the collector
     // run the destructors of the entries retired above.
     domain: Domain,
-}
-
-/// The counters every write advances, together: the second is on a line the first just took.
-#[derive(Default)]
-struct WriteHot {
-    versions: AtomicU64,
-    /// Writes that took their share of the sweep (see sweep.rs).
-    sweep: AtomicUsize,
 }
 
 impl<K, V, S> Engine<K, V, S> {
@@ -138,12 +131,6 @@ impl<K, V, S> Engine<K, V, S> {
         self.policy.weight()
     }
 
-    /// A fresh version, unique within the cache.
-    pub(crate) fn next_version(&self) -> u64 {
-        // Relaxed: versions need uniqueness, which the RMW gives; they order nothing.
-        self.write_hot.versions.fetch_add(1, Ordering::Relaxed)
-    }
-
     /// The table's nodes, weakly consistent (see `Table::iter`).
     pub(crate) fn nodes<'g>(&self, guard: &'g Guard) -> table::Iter<'g, K, Entry<V>> {
         self.table.iter(guard)
@@ -199,10 +186,7 @@ where
                 .map(|n| Arc::new(Limiter::new(n, settings.load_timeout))),
             #[cfg(feature = "redis")]
             shared,
-            write_hot: CachePadded::new(WriteHot {
-                versions: AtomicU64::new(1),
-                sweep: AtomicUsize::new(0),
-            }),
+            sweep: CachePadded::new(AtomicUsize::new(0)),
             expiring: AtomicBool::new(
                 settings.time_to_live.is_some()
                     || settings.time_to_idle.is_some()
@@ -324,7 +308,7 @@ where
             .then(|| Box::new(refresh.state(now.get(), expires_at, delta, failures)));
         self.note_expiry(expires_at);
         let shard = self.shard_of(pkey);
-        let entry = Entry::ready(self.next_version(), shard, value, expires_at, refresh);
+        let entry = Entry::ready(shard, value, expires_at, refresh);
         match self.settings.time_to_idle {
             Some(units) => entry.with_idle(now.get(), units),
             None => entry,
@@ -375,8 +359,9 @@ where
     }
 
     /// Installs `node`, a load's `Loading` entry for `key` (hash `hash`, policy key `pkey`),
-    /// if the key's entry is still the one the caller looked at (`seen`: its version; `None`:
-    /// there was none). The value it replaces leaves the table and is told to the listener
+    /// if the key's entry is still the one the caller looked at (`seen`, `None`: there was
+    /// none). `seen` is a node read under a pin that still lasts (its lifetime says so), so no
+    /// other node can have its address: the address names the write. The value it replaces leaves the table and is told to the listener
     /// (a refresh's old value, which the flight still serves, is not counted as an
     /// expiration); the policy tracks the key on until the load ends. Returns false, and
     /// installs nothing, if the key changed first.
@@ -385,7 +370,7 @@ where
         (hash, pkey): (u64, u64),
         key: &Q,
         node: Owned<EntryNode<K, V>>,
-        seen: Option<u64>,
+        seen: Option<&EntryNode<K, V>>,
         refresh: bool,
         pinned: &Pinned<'_>,
     ) -> bool
@@ -393,9 +378,12 @@ where
         K: Borrow<Q>,
         Q: Eq + ?Sized,
     {
-        // The version comparison, not the address, says "unchanged".
         let decide = |cur: Option<&EntryNode<K, V>>| {
-            if cur.map(|n| n.value.version) == seen {
+            let unchanged = match (cur, seen) {
+                (Some(cur), Some(seen)) => std::ptr::eq(cur, seen),
+                (cur, seen) => cur.is_none() && seen.is_none(),
+            };
+            if unchanged {
                 Decision::Put
             } else {
                 Decision::Keep

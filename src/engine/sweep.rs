@@ -38,7 +38,7 @@ where
     /// The number of this write among the writes that sweep.
     fn next_sweep(&self) -> usize {
         // Relaxed: the count only spreads the writes' shares of the sweep over the table.
-        self.write_hot.sweep.fetch_add(1, Ordering::Relaxed)
+        self.sweep.fetch_add(1, Ordering::Relaxed)
     }
 
     /// A write's share of the sweep, if the cache has ever held a value that can expire: one
