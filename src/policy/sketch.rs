@@ -22,19 +22,27 @@ const AGE_EVERY: usize = 5;
 
 /// Eight words of counters on one cache line: a block that straddled two lines (the
 /// allocator aligns a large array to 16 bytes) would make each update two misses.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 #[repr(C, align(64))]
 struct Block([u64; 8]);
 
 #[derive(Debug)]
 pub(crate) struct Sketch {
-    table: Vec<Block>,
+    table: Box<[Block]>,
     block_mask: usize,
     seed: u64,
     /// Increments since the last halving.
     additions: usize,
     /// Halve every this many increments.
     sample: usize,
+}
+
+/// `blocks` zeroed blocks, from zeroed memory: the pages of a large sketch are not written
+/// (nor resident) before its counters are, as a `vec!` of a struct's default would make
+/// them.
+fn zeroed(blocks: usize) -> Box<[Block]> {
+    // SAFETY: a block is eight `u64`s, for which all-zero bits are a valid value.
+    unsafe { Box::<[Block]>::new_zeroed_slice(blocks).assume_init() }
 }
 
 fn mix(mut x: u64) -> u64 {
@@ -53,7 +61,7 @@ impl Sketch {
         let words = capacity.max(MIN_WORDS).next_power_of_two();
         let blocks = (words / 8).max(1);
         Sketch {
-            table: vec![Block::default(); blocks],
+            table: zeroed(blocks),
             block_mask: blocks - 1,
             seed: mix(seed | 1),
             additions: 0,
@@ -133,7 +141,7 @@ impl Sketch {
     #[cold]
     fn halve(&mut self) {
         const LOW_BITS: u64 = 0x7777_7777_7777_7777;
-        for block in &mut self.table {
+        for block in self.table.iter_mut() {
             for w in block.0.iter_mut() {
                 *w = (*w >> 1) & LOW_BITS;
             }
