@@ -389,7 +389,7 @@ where
         let pinned = self.inner.pin();
         let hash = self.inner.hash(key);
         let current = self.inner.find(hash, key, &pinned.guard);
-        let Some(Kind::Loading(flight)) = current.map(|n| &n.value.kind) else {
+        let Some(Kind::Loading(flight)) = current.map(|n| n.value.kind()) else {
             return false;
         };
         // Claimed first, as a time-out is: if the leader has claimed, its result is being
@@ -526,7 +526,7 @@ where
                 let now = self.inner.once_now();
                 // A live value, or the value a refresh in progress still serves.
                 if let Some(v) = self.inner.hit(entry, || now.get(), &pinned) {
-                    let Kind::Ready(r) = &entry.kind else {
+                    let Kind::Ready(r) = entry.kind() else {
                         return Step::Begin(Begin::Done(Ok(v.clone())));
                     };
                     let Some(plan) = r.refresh.as_deref() else {
@@ -543,7 +543,7 @@ where
                     }
                     claimed = Some(plan);
                 }
-                match &entry.kind {
+                match entry.kind() {
                     Kind::Ready(r) => {
                         history = r.history();
                         // Valid until its TTL or its idle deadline, whichever is first: an

@@ -62,7 +62,7 @@ thread_local! {
 
 /// Tells `listen` of `node`'s value, if it holds one, containing a panic.
 fn call_listener<K, V>(listen: &Listener<K, V>, node: &Node<K, Entry<V>>, cause: RemovalCause) {
-    if let Kind::Ready(r) = &node.value.kind {
+    if let Kind::Ready(r) = node.value.kind() {
         let _ = catch_unwind(AssertUnwindSafe(|| listen(&node.key, &r.value, cause)));
     }
 }
@@ -153,7 +153,7 @@ impl<K, V> Hooks<K, V> {
         K: 'static,
         V: 'static,
     {
-        let (Some(listen), Kind::Ready(_)) = (&self.listener, &node.value.kind) else {
+        let (Some(listen), Kind::Ready(_)) = (&self.listener, node.value.kind()) else {
             return false;
         };
         let nested = LISTENING.try_with(Cell::get).unwrap_or(false);

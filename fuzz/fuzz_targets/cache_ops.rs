@@ -3,8 +3,8 @@
 //!
 //! Loads run on the fuzzing thread, so a "load during which X happens" is a loader that does
 //! X from inside (invalidate, insert, forget, advance the clock) before it returns: the load
-//! then has to respect the version rules (an insert or invalidation during a load wins, and
-//! the late result is not cached) exactly as the model says.
+//! then has to respect invariant 4 (an insert or invalidation during a load wins, and the
+//! late result is not cached) exactly as the model says.
 #![no_main]
 
 use std::collections::HashMap;

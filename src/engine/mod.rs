@@ -427,7 +427,7 @@ where
             None => (None, 0, 0),
         };
         let replacing = node.is_some();
-        let ours = |n: &EntryNode<K, V>| matches!(&n.value.kind, Kind::Loading(f) if Arc::ptr_eq(f, flight));
+        let ours = |n: &EntryNode<K, V>| matches!(n.value.kind(), Kind::Loading(f) if Arc::ptr_eq(f, flight));
         // `ours` lets only the flight's own entry through.
         let decide = |cur: Option<&EntryNode<K, V>>| match cur {
             Some(_) if replacing => Decision::Put,

@@ -77,7 +77,7 @@ where
     ) -> u64 {
         let mut removed = 0;
         for node in nodes {
-            let gone = match &node.value.kind {
+            let gone = match node.value.kind() {
                 // Unused past its idle deadline: gone at once (idleness is the reason to
                 // free it; a fallback is for values a reader still wants).
                 Kind::Ready(r) => {

@@ -45,6 +45,9 @@ pub(crate) struct EntryState {
     hits: AtomicU8,
     /// The shard of the key's policy key (`Policy::shard_of`): where a removal reports.
     shard: u8,
+    /// A byte the entry keeps here, where it costs no space and a hit reads it with the
+    /// hit counter: which state it holds (`entry.rs`). The policy never reads it.
+    pub(crate) tag: u8,
     /// The idle unit (see `clock::IDLE_SHIFT`) from which the entry counts as expired for
     /// want of use; 0: no idle expiry.
     idle_until: AtomicU32,
@@ -100,21 +103,21 @@ impl EntryState {
         }
     }
 
-    /// The state of a write of a key whose policy shard is `shard`, not hit yet.
-    pub(crate) fn new(shard: u8) -> Self {
+    /// The state of a write of a key whose policy shard is `shard`, not hit yet, carrying
+    /// the entry's `tag`.
+    pub(crate) fn new(shard: u8, tag: u8) -> Self {
         EntryState {
             hits: AtomicU8::new(0),
             shard,
+            tag,
             idle_until: AtomicU32::new(0),
         }
     }
 
-    /// This state, expiring after `units` idle units unused from `now` (nanoseconds).
-    pub(crate) fn idle_after(self, now: u64, units: u32) -> Self {
-        EntryState {
-            idle_until: AtomicU32::new(idle_deadline(now, units)),
-            ..self
-        }
+    /// Sets the entry to expire after `units` idle units unused from `now` (nanoseconds),
+    /// before it is published.
+    pub(crate) fn idle_after(&mut self, now: u64, units: u32) {
+        self.idle_until = AtomicU32::new(idle_deadline(now, units));
     }
 
     /// The policy shard of the entry's key.
