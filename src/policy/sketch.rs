@@ -6,6 +6,8 @@
 //! (seeded per cache, independent of the user's hasher), remixed with a per-sketch seed:
 //! keys chosen to collide in the sketch cannot be found without knowing both seeds.
 
+use std::alloc::{alloc_zeroed, handle_alloc_error, Layout};
+
 /// Counters saturate here.
 const MAX_COUNT: u64 = 15;
 
@@ -41,8 +43,19 @@ pub(crate) struct Sketch {
 /// (nor resident) before its counters are, as a `vec!` of a struct's default would make
 /// them.
 fn zeroed(blocks: usize) -> Box<[Block]> {
-    // SAFETY: a block is eight `u64`s, for which all-zero bits are a valid value.
-    unsafe { Box::<[Block]>::new_zeroed_slice(blocks).assume_init() }
+    let layout = Layout::array::<Block>(blocks).expect("a sketch's size fits in memory");
+    if layout.size() == 0 {
+        return Box::new([]);
+    }
+    // SAFETY: the layout's size is not zero.
+    let block = unsafe { alloc_zeroed(layout) }.cast::<Block>();
+    if block.is_null() {
+        handle_alloc_error(layout);
+    }
+    // SAFETY: allocated by the global allocator with the layout of `blocks` blocks, which is
+    // how a `Box<[Block]>` of that length is allocated and freed; all-zero bits are a valid
+    // block (eight `u64`s).
+    unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(block, blocks)) }
 }
 
 fn mix(mut x: u64) -> u64 {
