@@ -22,7 +22,7 @@ use std::alloc::Layout;
 use std::ptr::NonNull;
 
 /// Blocks kept per layout and thread: what one collection frees at most (crossbeam collects
-/// every 128 pins, up to 8 bags of 64 deferred frees); 512 nodes of 80 bytes are 40 KiB.
+/// every 128 pins, up to 8 bags of 64 deferred frees); 512 nodes of 64 bytes are 32 KiB.
 #[cfg_attr(herdcache_loom, allow(dead_code))]
 const KEEP: usize = 512;
 
