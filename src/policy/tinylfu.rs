@@ -188,11 +188,7 @@ impl PNode {
     }
 
     fn set_unchallenged(&mut self, on: bool) {
-        self.fore = if on {
-            self.fore | UNCHALLENGED
-        } else {
-            self.fore & !UNCHALLENGED
-        };
+        self.set_flag(UNCHALLENGED, on);
     }
 
     fn zoned(&self) -> bool {
@@ -200,10 +196,15 @@ impl PNode {
     }
 
     fn set_zoned(&mut self, on: bool) {
+        self.set_flag(ZONED, on);
+    }
+
+    /// Sets or clears `flag`, one of the bits of `fore` above the link.
+    fn set_flag(&mut self, flag: u32, on: bool) {
         self.fore = if on {
-            self.fore | ZONED
+            self.fore | flag
         } else {
-            self.fore & !ZONED
+            self.fore & !flag
         };
     }
 }
