@@ -147,7 +147,7 @@ impl<V> Entry<V> {
         // SAFETY: the tag names the field written at construction (`with`); neither changes
         // until the entry is dropped.
         unsafe {
-            match self.policy.tag {
+            match self.policy.tag() {
                 READY => Kind::Ready(&self.payload.ready),
                 LOADING => Kind::Loading(&self.payload.loading),
                 _ => Kind::Failed {
@@ -161,12 +161,12 @@ impl<V> Entry<V> {
     /// The ready value, mutable before the entry is published.
     fn ready_mut(&mut self) -> Option<&mut Ready<V>> {
         // SAFETY: as in `kind`.
-        (self.policy.tag == READY).then(|| unsafe { &mut *self.payload.ready })
+        (self.policy.tag() == READY).then(|| unsafe { &mut *self.payload.ready })
     }
 
     /// Whether the policy tracks this entry (a value or a cached error, not a load).
     pub(crate) fn is_tracked(&self) -> bool {
-        self.policy.tag != LOADING
+        self.policy.tag() != LOADING
     }
 
     /// Whether the entry is a value or cached error past its expiry, or a value unused past
@@ -227,7 +227,7 @@ impl<V> Drop for Entry<V> {
         // SAFETY: the tag names the field written at construction (see `kind`), dropped here
         // once, with the entry.
         unsafe {
-            match self.policy.tag {
+            match self.policy.tag() {
                 READY => ManuallyDrop::drop(&mut self.payload.ready),
                 LOADING => ManuallyDrop::drop(&mut self.payload.loading),
                 _ => ManuallyDrop::drop(&mut self.payload.failed),

@@ -198,6 +198,7 @@ where
             self.notify(old, cause);
         }
         self.sweep_after_write(now, pinned);
+        crate::table::flush_outgrown(&pinned.guard);
     }
 }
 

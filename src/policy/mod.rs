@@ -46,8 +46,9 @@ pub(crate) struct EntryState {
     /// The shard of the key's policy key (`Policy::shard_of`): where a removal reports.
     shard: u8,
     /// A byte the entry keeps here, where it costs no space and a hit reads it with the
-    /// hit counter: which state it holds (`entry.rs`). The policy never reads it.
-    pub(crate) tag: u8,
+    /// hit counter: which state it holds (`entry.rs`). The policy never reads it; fixed at
+    /// construction.
+    tag: u8,
     /// The idle unit (see `clock::IDLE_SHIFT`) from which the entry counts as expired for
     /// want of use; 0: no idle expiry.
     idle_until: AtomicU32,
@@ -118,6 +119,12 @@ impl EntryState {
     /// before it is published.
     pub(crate) fn idle_after(&mut self, now: u64, units: u32) {
         self.idle_until = AtomicU32::new(idle_deadline(now, units));
+    }
+
+    /// The entry's tag, as given to [`EntryState::new`].
+    #[inline]
+    pub(crate) fn tag(&self) -> u8 {
+        self.tag
     }
 
     /// The policy shard of the entry's key.

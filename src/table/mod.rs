@@ -36,6 +36,7 @@ mod probe;
 
 pub use node::Node;
 
+use std::cell::Cell;
 use std::marker::PhantomData;
 
 use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
@@ -97,6 +98,26 @@ impl<K, V> std::fmt::Debug for Table<K, V> {
         f.debug_struct("Table")
             .field("len", &self.len.load(Ordering::Relaxed))
             .finish_non_exhaustive()
+    }
+}
+
+std::thread_local! {
+    /// Whether this thread retired an array it outgrew and has not flushed its deferred
+    /// frees since (see [`flush_outgrown`]).
+    static OUTGREW: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Hands this thread's deferred frees to the collector if it retired an outgrown array since
+/// it last did. An array is the largest thing a table retires, and a thread's deferred frees
+/// wait in its own bag until 64 more come: a table that only grows retires nothing else, so
+/// without this every array it outgrew would stay allocated. A writer calls it when its
+/// write is done, never under a lock: the collection it starts may run the destructors of
+/// retired entries, which are user code. (The flag is the thread's, whatever table set it:
+/// a thread writing to two caches may flush the other's guard, and then its own array waits
+/// for the next flush or for 64 more retirements.)
+pub(crate) fn flush_outgrown(guard: &Guard) {
+    if OUTGREW.try_with(|o| o.replace(false)).unwrap_or(false) {
+        guard.flush();
     }
 }
 
@@ -267,7 +288,7 @@ impl<K, V> Table<K, V> {
 
     /// Like [`update`](Self::update), matching whole nodes (see [`get_node`](Self::get_node)).
     /// A node that `eq` rejects is another key's, as far as this write is concerned: with a
-    /// predicate narrower than the key's equality (identity, a version), `decide` must not
+    /// predicate narrower than the key's equality (identity, a flight), `decide` must not
     /// answer `Put` to `None`, or a second slot could be claimed for one key.
     pub fn update_node<'g>(
         &self,
@@ -444,10 +465,7 @@ impl<K, V> Table<K, V> {
             // earlier hold guards, so it is destroyed only after they unpin. Dropping an
             // array does not drop the nodes it points to (they live on in `next`).
             unsafe { guard.defer_destroy(array) };
-            // An array is the largest thing the table retires, and a thread's deferred
-            // frees wait in its own bag until 64 more come: a table that only grows retires
-            // nothing else, so without the flush every array it outgrew stays allocated.
-            guard.flush();
+            OUTGREW.with(|o| o.set(true));
         }
         Some(next)
     }

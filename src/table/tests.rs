@@ -133,9 +133,12 @@ fn a_table_that_only_grows_frees_the_arrays_it_outgrew() {
     let before = array::ALIVE.with(|n| n.get());
     let t: Table<u64, u64> = Table::with_capacity(4);
     let n = scaled(4_000) as u64;
-    // One pin per write, as the cache pins: nothing but the outgrown arrays is retired.
+    // One pin per write, as the cache pins, and the flush the cache makes once a write is
+    // done: nothing but the outgrown arrays is retired.
     for k in 0..n {
-        put(&t, k, k, &handle.pin());
+        let g = handle.pin();
+        put(&t, k, k, &g);
+        flush_outgrown(&g);
     }
     let grown = array::ALIVE.with(|n| n.get()) - before;
     // Later pins (one in 128 collects, and may advance the epoch by one) free what was
