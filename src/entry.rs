@@ -252,11 +252,11 @@ mod tests {
 
     /// What a u64 value's entry costs (the table node adds the key and hash): the hit
     /// counter, the policy shard and the idle deadline take a word, the state with its value,
-    /// expiry and refresh pointer four, then the policy's link. What a hit reads (the first
-    /// word and the state's first three) comes first: with the key and hash, 48 bytes of the
-    /// 64-byte node.
+    /// expiry and refresh pointer three (a union: its tag is a byte of the first word), then
+    /// the policy's link. What a hit reads (the first word and the state's first two) comes
+    /// first: with the key and hash, 40 bytes of the 56-byte node.
     #[test]
-    fn an_entry_of_a_u64_is_six_words_with_what_a_hit_reads_first() {
+    fn an_entry_of_a_u64_is_five_words_with_what_a_hit_reads_first() {
         assert_eq!(std::mem::size_of::<Entry<u64>>(), 40);
         assert_eq!(std::mem::offset_of!(Entry<u64>, payload), 8);
         assert_eq!(std::mem::offset_of!(Entry<u64>, link), 32);

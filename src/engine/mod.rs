@@ -360,11 +360,12 @@ where
 
     /// Installs `node`, a load's `Loading` entry for `key` (hash `hash`, policy key `pkey`),
     /// if the key's entry is still the one the caller looked at (`seen`, `None`: there was
-    /// none). `seen` is a node read under a pin that still lasts (its lifetime says so), so no
-    /// other node can have its address: the address names the write. The value it replaces leaves the table and is told to the listener
-    /// (a refresh's old value, which the flight still serves, is not counted as an
-    /// expiration); the policy tracks the key on until the load ends. Returns false, and
-    /// installs nothing, if the key changed first.
+    /// none). `seen` is a node read under a pin that still lasts (its lifetime says so), so
+    /// no other node can have its address: the address names the write. The value it
+    /// replaces leaves the table and is told to the listener (a refresh's old value, which
+    /// the flight still serves, is not counted as an expiration); the policy tracks the key
+    /// on until the load ends. Returns false, and installs nothing, if the key changed
+    /// first.
     pub(crate) fn install_load<Q>(
         &self,
         (hash, pkey): (u64, u64),
@@ -381,7 +382,8 @@ where
         let decide = |cur: Option<&EntryNode<K, V>>| {
             let unchanged = match (cur, seen) {
                 (Some(cur), Some(seen)) => std::ptr::eq(cur, seen),
-                (cur, seen) => cur.is_none() && seen.is_none(),
+                (None, None) => true,
+                _ => false,
             };
             if unchanged {
                 Decision::Put

@@ -67,6 +67,14 @@ fn mix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+/// Where `key`'s counters are, in a sketch seeded with `seed` whose block index mask is
+/// `block_mask`: its block, and the bits that choose the counters in it (see `positions`).
+#[inline(always)]
+fn spread(key: u64, seed: u64, block_mask: usize) -> (usize, u64) {
+    let h = mix(key ^ seed);
+    ((h as usize) & block_mask, h >> 32)
+}
+
 impl Sketch {
     /// A sketch for a cache of `capacity` entries.
     pub(crate) fn new(capacity: usize, seed: u64) -> Self {
@@ -89,9 +97,7 @@ impl Sketch {
     /// counter accesses need no bounds checks.
     #[inline(always)]
     fn positions(&self, key: u64) -> (usize, [(usize, u32); 4]) {
-        let h = mix(key ^ self.seed);
-        let block = (h as usize) & self.block_mask;
-        let bits = h >> 32;
+        let (block, bits) = spread(key, self.seed, self.block_mask);
         let spots = std::array::from_fn(|i| {
             let row = bits >> (5 * i);
             let word = (2 * i + (row & 1) as usize) & 7;
@@ -178,7 +184,7 @@ impl Hint {
     /// Starts loading the block of `key`'s counters (see `prefetch.rs`).
     #[inline]
     pub(crate) fn prefetch(&self, key: u64) {
-        let block = (mix(key ^ self.seed) as usize) & self.block_mask;
+        let (block, _) = spread(key, self.seed, self.block_mask);
         let at = self.blocks + block * std::mem::size_of::<Block>();
         crate::prefetch::prefetch(std::ptr::without_provenance::<Block>(at));
     }

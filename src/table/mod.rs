@@ -465,7 +465,9 @@ impl<K, V> Table<K, V> {
             // earlier hold guards, so it is destroyed only after they unpin. Dropping an
             // array does not drop the nodes it points to (they live on in `next`).
             unsafe { guard.defer_destroy(array) };
-            OUTGREW.with(|o| o.set(true));
+            // Not `with`: this may run while the thread's locals are torn down (a retired
+            // value's drop writing to a cache), and a panic here may be under a policy lock.
+            let _ = OUTGREW.try_with(|o| o.set(true));
         }
         Some(next)
     }
