@@ -6,46 +6,85 @@ use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 use crate::flight::Flight;
-use crate::policy::{EntryState, Link};
+use crate::idle::Idle;
+use crate::policy::EntryState;
 use crate::refresh::RefreshState;
 
 pub(crate) use crate::clock::{expiry_after, NEVER};
 
 /// One slot's content, immutable once published except for the policy's hit counter and
-/// link. Every write of a key publishes a new `Entry` in a node of its own, so a node seen
-/// under a pin names one write for as long as the pin lasts: no node is freed, and so no
-/// address reused, while a reader that saw it is pinned.
+/// link and, with a `time_to_idle`, the idle deadline. Every write of a key publishes a new
+/// `Entry` in a node of its own, so a node seen under a pin names one write for as long as
+/// the pin lasts: no node is freed, and so no address reused, while a reader that saw it is
+/// pinned.
 ///
-/// Laid out in declaration order (`repr(C)` here and on `Ready`) with what a hit reads
-/// first: the policy's hit counter and the state's tag (in one word with the policy shard and
-/// the idle deadline), the value and its expiry, then the refresh plan (read only by
-/// `get_or_load`) and the policy's link (read only by the policy). The state is a union
-/// tagged by that byte, not an enum: an enum's tag would take a word of its own.
+/// Three words for a word-sized value: the policy's word (hit counter, the state's tag,
+/// policy shard and link), then the state, a union tagged by that byte (an enum's tag would
+/// take a word of its own). A value keeps its expiry or, if it only idles out, its idle
+/// deadline beside it; what needs more (both, or a refresh plan) lives out of line, in one
+/// allocation with the expiry, so that a cache that does not configure it pays nothing for
+/// it; a cached error, which is rare, is boxed whole.
 #[repr(C)]
 pub(crate) struct Entry<V> {
     pub(crate) policy: EntryState,
     payload: Payload<V>,
-    pub(crate) link: Link,
 }
 
-/// `EntryState::tag` of an entry holding [`Kind::Ready`].
+/// `EntryState::tag` of a value with its expiry inline.
 const READY: u8 = 0;
+/// `EntryState::tag` of a value that expires only for want of use, its idle deadline inline.
+const IDLING: u8 = 1;
+/// `EntryState::tag` of a value with both an expiry and an idle deadline, and no refresh plan.
+const TIMED: u8 = 2;
+/// `EntryState::tag` of a value with a refresh plan (and perhaps an idle deadline).
+const PLANNED: u8 = 3;
 /// `EntryState::tag` of an entry holding [`Kind::Loading`].
-const LOADING: u8 = 1;
+const LOADING: u8 = 4;
 /// `EntryState::tag` of an entry holding [`Kind::Failed`].
-const FAILED: u8 = 2;
+const FAILED: u8 = 5;
 
 /// An entry's state, the field its tag names. Written once, at construction, and dropped once,
 /// with the entry.
 #[repr(C)]
 union Payload<V> {
-    ready: ManuallyDrop<Ready<V>>,
+    ready: ManuallyDrop<Inline<V>>,
+    idling: ManuallyDrop<Idling<V>>,
+    timed: ManuallyDrop<Timed<V, ()>>,
+    planned: ManuallyDrop<Timed<V, RefreshState>>,
     loading: ManuallyDrop<Arc<Flight<V>>>,
-    failed: ManuallyDrop<Failed>,
+    failed: ManuallyDrop<Box<Failed>>,
+}
+
+/// A value and its expiry.
+#[repr(C)]
+struct Inline<V> {
+    value: V,
+    expires_at: u64,
+}
+
+/// A value without an expiry, and its idle deadline.
+#[repr(C)]
+struct Idling<V> {
+    value: V,
+    idle: Idle,
+}
+
+/// A value, and its timing out of line.
+#[repr(C)]
+struct Timed<V, P> {
+    value: V,
+    timing: Box<Timing<P>>,
+}
+
+/// A value's expiry, its idle deadline if it has one, and its refresh plan `P` (`()`
+/// without one).
+struct Timing<P> {
+    expires_at: u64,
+    idle: Option<Idle>,
+    plan: P,
 }
 
 /// A cached load error and its expiry.
-#[repr(C)]
 struct Failed {
     error: Arc<dyn Any + Send + Sync>,
     expires_at: u64,
@@ -55,7 +94,7 @@ struct Failed {
 #[derive(Debug)]
 pub(crate) enum Kind<'a, V> {
     /// A usable value.
-    Ready(&'a Ready<V>),
+    Ready(Ready<'a, V>),
     /// A load is in progress; the flight holds its waiters and, if the load replaced an
     /// expired value, that value.
     Loading(&'a Arc<Flight<V>>),
@@ -66,48 +105,128 @@ pub(crate) enum Kind<'a, V> {
     },
 }
 
-/// A value, its expiry, and when to refresh it.
+/// A ready value, its expiry, and when to refresh it, wherever the entry keeps them.
 #[derive(Debug)]
-#[repr(C)]
-pub(crate) struct Ready<V> {
-    pub(crate) value: V,
+pub(crate) struct Ready<'a, V> {
+    pub(crate) value: &'a V,
     /// Hard expiry in clock nanoseconds, or [`NEVER`].
     pub(crate) expires_at: u64,
-    /// The refresh plan, out of line: present only when the cache has a refresh rule
-    /// (`refresh_after`, `xfetch`), so that a cache without one stores a pointer's width
-    /// for it and allocates nothing.
-    pub(crate) refresh: Option<Box<RefreshState>>,
+    /// With a `time_to_idle`: the idle deadline.
+    idle: Option<&'a Idle>,
+    /// The refresh plan: present only when the cache has a refresh rule (`refresh_after`,
+    /// `xfetch`).
+    pub(crate) refresh: Option<&'a RefreshState>,
 }
 
-impl<V> Ready<V> {
+impl<V> Clone for Ready<'_, V> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<V> Copy for Ready<'_, V> {}
+
+impl<V> Ready<'_, V> {
     /// The load-time estimate and the failed refreshes behind this value (none without a
     /// refresh rule, which is the only reader of either).
     pub(crate) fn history(&self) -> (u64, u32) {
-        self.refresh
-            .as_ref()
-            .map_or((0, 0), |r| (r.delta(), r.failures()))
+        self.refresh.map_or((0, 0), |r| (r.delta(), r.failures()))
+    }
+
+    /// Whether the value has gone unused past its idle deadline at `now`.
+    #[inline]
+    pub(crate) fn idle_expired(&self, now: u64) -> bool {
+        self.idle.is_some_and(|i| i.expired(now))
+    }
+
+    /// Whether the value is live: an entry that can idle never has the expiry `NEVER` (see
+    /// `Entry::ready`), so a value that never expires is judged by one comparison, with no
+    /// look at the idle deadline. `now` is called only if the value can expire.
+    #[inline]
+    fn live(&self, now: impl FnOnce() -> u64) -> bool {
+        if self.expires_at == NEVER {
+            return true;
+        }
+        let now = now();
+        now < self.expires_at && !self.idle_expired(now)
+    }
+
+    /// When the value stops being valid, as seen at `now`: its expiry, or its idle deadline
+    /// if that comes first. What a load that replaces it may serve as a stale fallback is
+    /// bounded by this, not by the expiry alone.
+    pub(crate) fn valid_until(&self, now: u64) -> u64 {
+        let idle = self.idle.map_or(u64::MAX, |i| i.nanos(now));
+        self.expires_at.min(idle)
     }
 }
 
 impl<V> Entry<V> {
+    /// A value for a key of policy shard `shard`, expiring at `expires_at`, with a refresh
+    /// plan if the cache has a refresh rule and an idle deadline (`Idle`) if it has a
+    /// `time_to_idle`.
+    #[inline]
     pub(crate) fn ready(
         shard: u8,
         value: V,
         expires_at: u64,
-        refresh: Option<Box<RefreshState>>,
+        refresh: Option<RefreshState>,
+        idle: Option<Idle>,
     ) -> Self {
-        let ready = Ready {
-            value,
-            expires_at,
-            refresh,
+        if refresh.is_none() && idle.is_none() {
+            let ready = ManuallyDrop::new(Inline { value, expires_at });
+            return Self::with(shard, READY, Payload { ready });
+        }
+        Self::timed(shard, value, expires_at, refresh, idle)
+    }
+
+    /// `ready`, for a value with an idle deadline or a refresh plan.
+    fn timed(
+        shard: u8,
+        value: V,
+        mut expires_at: u64,
+        refresh: Option<RefreshState>,
+        idle: Option<Idle>,
+    ) -> Self {
+        if idle.is_some() {
+            // Without a TTL, the expiry becomes the last finite one (as a TTL past the
+            // clock's range does), so that the liveness check reaches the idle deadline.
+            expires_at = expires_at.min(NEVER - 1);
+        }
+        let (tag, payload) = match (refresh, idle) {
+            (None, Some(idle)) if expires_at == NEVER - 1 => (
+                IDLING,
+                Payload {
+                    idling: ManuallyDrop::new(Idling { value, idle }),
+                },
+            ),
+            (None, idle) => {
+                let timing = Box::new(Timing {
+                    expires_at,
+                    idle,
+                    plan: (),
+                });
+                (
+                    TIMED,
+                    Payload {
+                        timed: ManuallyDrop::new(Timed { value, timing }),
+                    },
+                )
+            }
+            (Some(plan), idle) => {
+                let timing = Box::new(Timing {
+                    expires_at,
+                    idle,
+                    plan,
+                });
+                (
+                    PLANNED,
+                    Payload {
+                        planned: ManuallyDrop::new(Timed { value, timing }),
+                    },
+                )
+            }
         };
-        Self::with(
-            shard,
-            READY,
-            Payload {
-                ready: ManuallyDrop::new(ready),
-            },
-        )
+        Self::with(shard, tag, payload)
     }
 
     pub(crate) fn loading(shard: u8, flight: Arc<Flight<V>>) -> Self {
@@ -121,7 +240,7 @@ impl<V> Entry<V> {
     }
 
     pub(crate) fn failed(shard: u8, error: Arc<dyn Any + Send + Sync>, expires_at: u64) -> Self {
-        let failed = Failed { error, expires_at };
+        let failed = Box::new(Failed { error, expires_at });
         Self::with(
             shard,
             FAILED,
@@ -133,22 +252,64 @@ impl<V> Entry<V> {
 
     /// `shard`: the policy shard of the key (`Policy::shard_of`); `tag`: the field of
     /// `payload` that is written.
+    #[inline]
     fn with(shard: u8, tag: u8, payload: Payload<V>) -> Self {
         Entry {
             policy: EntryState::new(shard, tag),
             payload,
-            link: Link::new(),
         }
     }
 
-    /// The state this entry holds.
+    /// The state this entry holds. A value with its expiry inline, what most caches hold,
+    /// is told apart with one test.
     #[inline]
     pub(crate) fn kind(&self) -> Kind<'_, V> {
-        // SAFETY: the tag names the field written at construction (`with`); neither changes
-        // until the entry is dropped.
+        if self.policy.tag() == READY {
+            // SAFETY: the tag names the field written at construction (`with`); neither
+            // changes until the entry is dropped.
+            let r = unsafe { &self.payload.ready };
+            return Kind::Ready(Ready {
+                value: &r.value,
+                expires_at: r.expires_at,
+                idle: None,
+                refresh: None,
+            });
+        }
+        self.other_kind()
+    }
+
+    /// `kind`, for the other states.
+    fn other_kind(&self) -> Kind<'_, V> {
+        // SAFETY: as in `kind`.
         unsafe {
             match self.policy.tag() {
-                READY => Kind::Ready(&self.payload.ready),
+                IDLING => {
+                    let r = &self.payload.idling;
+                    Kind::Ready(Ready {
+                        value: &r.value,
+                        expires_at: NEVER - 1,
+                        idle: Some(&r.idle),
+                        refresh: None,
+                    })
+                }
+                TIMED => {
+                    let r = &self.payload.timed;
+                    Kind::Ready(Ready {
+                        value: &r.value,
+                        expires_at: r.timing.expires_at,
+                        idle: r.timing.idle.as_ref(),
+                        refresh: None,
+                    })
+                }
+                PLANNED => {
+                    let r = &self.payload.planned;
+                    Kind::Ready(Ready {
+                        value: &r.value,
+                        expires_at: r.timing.expires_at,
+                        idle: r.timing.idle.as_ref(),
+                        refresh: Some(&r.timing.plan),
+                    })
+                }
                 LOADING => Kind::Loading(&self.payload.loading),
                 _ => Kind::Failed {
                     error: &self.payload.failed.error,
@@ -158,15 +319,21 @@ impl<V> Entry<V> {
         }
     }
 
-    /// The ready value, mutable before the entry is published.
-    fn ready_mut(&mut self) -> Option<&mut Ready<V>> {
-        // SAFETY: as in `kind`.
-        (self.policy.tag() == READY).then(|| unsafe { &mut *self.payload.ready })
-    }
-
     /// Whether the policy tracks this entry (a value or a cached error, not a load).
     pub(crate) fn is_tracked(&self) -> bool {
         self.policy.tag() != LOADING
+    }
+
+    /// A use of the value at `now` moves its idle deadline `units` idle units ahead (see
+    /// [`Idle::used`]); nothing for a value without one.
+    #[inline]
+    pub(crate) fn used(&self, now: u64, units: u32) {
+        if let Kind::Ready(Ready {
+            idle: Some(idle), ..
+        }) = self.kind()
+        {
+            idle.used(now, units);
+        }
     }
 
     /// Whether the entry is a value or cached error past its expiry, or a value unused past
@@ -174,7 +341,7 @@ impl<V> Entry<V> {
     #[inline]
     pub(crate) fn is_expired(&self, now: impl FnOnce() -> u64) -> bool {
         match self.kind() {
-            Kind::Ready(r) => !self.ready_live(r, now),
+            Kind::Ready(r) => !r.live(now),
             Kind::Failed { expires_at, .. } => expires_at != NEVER && now() >= expires_at,
             Kind::Loading(_) => false,
         }
@@ -185,50 +352,45 @@ impl<V> Entry<V> {
     /// until its hard expiry.
     #[inline]
     pub(crate) fn live_value(&self, now: impl FnOnce() -> u64) -> Option<&V> {
-        match self.kind() {
-            Kind::Ready(r) => self.ready_live(r, now).then_some(&r.value),
+        if self.policy.tag() == READY {
+            // SAFETY: as in `kind`.
+            let r = unsafe { &self.payload.ready };
+            return (r.expires_at == NEVER || now() < r.expires_at).then_some(&r.value);
+        }
+        match self.other_kind() {
+            Kind::Ready(r) => r.live(now).then_some(r.value),
             Kind::Loading(flight) => flight.serving(now),
             Kind::Failed { .. } => None,
         }
     }
-
-    /// An entry that can idle never has the expiry `NEVER` (see `with_idle`), so a value
-    /// that never expires is judged by one comparison, with no look at the idle deadline.
-    #[inline]
-    fn ready_live(&self, r: &Ready<V>, now: impl FnOnce() -> u64) -> bool {
-        if r.expires_at == NEVER {
-            return true;
-        }
-        let now = now();
-        now < r.expires_at && !self.policy.idle_expired(now)
-    }
-
-    /// When the ready value `r` of this entry stops being valid, as seen at `now`: its
-    /// expiry, or its idle deadline if that comes first. What a load that replaces it may
-    /// serve as a stale fallback is bounded by this, not by the expiry alone.
-    pub(crate) fn valid_until(&self, r: &Ready<V>, now: u64) -> u64 {
-        r.expires_at.min(self.policy.idle_deadline_nanos(now))
-    }
-
-    /// A ready entry that also expires after `units` idle units unused (`time_to_idle`),
-    /// written at `now`. Without a TTL its expiry becomes the last finite one (as a TTL past
-    /// the clock's range does), so that the liveness check reaches the idle deadline.
-    pub(crate) fn with_idle(mut self, now: u64, units: u32) -> Self {
-        self.policy.idle_after(now, units);
-        if let Some(r) = self.ready_mut() {
-            r.expires_at = r.expires_at.min(NEVER - 1);
-        }
-        self
-    }
 }
 
 impl<V> Drop for Entry<V> {
+    #[inline]
     fn drop(&mut self) {
         // SAFETY: the tag names the field written at construction (see `kind`), dropped here
         // once, with the entry.
         unsafe {
             match self.policy.tag() {
                 READY => ManuallyDrop::drop(&mut self.payload.ready),
+                _ => self.drop_other(),
+            }
+        }
+    }
+}
+
+impl<V> Entry<V> {
+    /// `drop`, for the other states.
+    ///
+    /// # Safety
+    /// Called once, from `drop`.
+    unsafe fn drop_other(&mut self) {
+        // SAFETY: as in `drop` (the caller's contract).
+        unsafe {
+            match self.policy.tag() {
+                IDLING => ManuallyDrop::drop(&mut self.payload.idling),
+                TIMED => ManuallyDrop::drop(&mut self.payload.timed),
+                PLANNED => ManuallyDrop::drop(&mut self.payload.planned),
                 LOADING => ManuallyDrop::drop(&mut self.payload.loading),
                 _ => ManuallyDrop::drop(&mut self.payload.failed),
             }
@@ -241,24 +403,71 @@ impl<V: fmt::Debug> fmt::Debug for Entry<V> {
         f.debug_struct("Entry")
             .field("policy", &self.policy)
             .field("kind", &self.kind())
-            .field("link", &self.link)
             .finish()
     }
 }
 
 #[cfg(all(test, target_pointer_width = "64"))]
 mod tests {
-    use super::Entry;
+    use super::*;
 
-    /// What a u64 value's entry costs (the table node adds the key and hash): the hit
-    /// counter, the policy shard and the idle deadline take a word, the state with its value,
-    /// expiry and refresh pointer three (a union: its tag is a byte of the first word), then
-    /// the policy's link. What a hit reads (the first word and the state's first two) comes
-    /// first: with the key and hash, 40 bytes of the 56-byte node.
+    /// What a u64 value's entry costs (the table node adds the key and hash): the policy's
+    /// word (hit counter, tag, shard and link), then the value and its expiry. With the key
+    /// and hash, a 40-byte node: a 48-byte allocator block.
     #[test]
-    fn an_entry_of_a_u64_is_five_words_with_what_a_hit_reads_first() {
-        assert_eq!(std::mem::size_of::<Entry<u64>>(), 40);
+    fn an_entry_of_a_u64_is_three_words_with_what_a_hit_reads_first() {
+        assert_eq!(std::mem::size_of::<Entry<u64>>(), 24);
         assert_eq!(std::mem::offset_of!(Entry<u64>, payload), 8);
-        assert_eq!(std::mem::offset_of!(Entry<u64>, link), 32);
+    }
+
+    /// Each configuration keeps what it needs and reads it back: the expiry inline, or out
+    /// of line with an idle deadline and a refresh plan.
+    #[test]
+    fn each_layout_keeps_its_expiry_idle_deadline_and_plan() {
+        let unit = 1u64 << crate::clock::IDLE_SHIFT;
+        let plan = || crate::refresh::RefreshSettings::default().state(0, 50 * unit, 7, 2);
+        let idle = || Some(Idle::new(0, 3));
+        for (ttl, refresh, idle, idles, planned) in [
+            (true, None, None, false, false),
+            (false, None, idle(), true, false),
+            (true, None, idle(), true, false),
+            (true, Some(plan()), None, false, true),
+            (true, Some(plan()), idle(), true, true),
+        ] {
+            let expires_at = if ttl { 50 * unit } else { NEVER };
+            let entry = Entry::ready(5, 42u64, expires_at, refresh, idle);
+            let Kind::Ready(r) = entry.kind() else {
+                panic!("a ready entry reads back as {:?}", entry.kind());
+            };
+            let expires_at = expires_at.min(NEVER - 1);
+            assert_eq!((*r.value, r.expires_at), (42, expires_at));
+            assert_eq!(entry.policy.shard(), 5);
+            assert_eq!(r.refresh.is_some(), planned);
+            assert_eq!(r.history(), if planned { (7, 2) } else { (0, 0) });
+            assert_eq!(r.valid_until(0), if idles { 4 * unit } else { expires_at });
+            assert_eq!(entry.is_expired(|| 10 * unit), idles, "idle expiry");
+            entry.used(9 * unit, 3);
+            assert!(
+                !entry.is_expired(|| 10 * unit),
+                "a use did not move the deadline"
+            );
+            let later = 60 * unit;
+            entry.used(later - unit, 3);
+            let lives = entry.live_value(|| later).is_some();
+            assert_eq!(
+                lives, !ttl,
+                "a value without a TTL expired, or one with it lived on"
+            );
+        }
+    }
+
+    /// An idle deadline needs a finite expiry for the liveness check to reach it.
+    #[test]
+    fn a_value_that_can_idle_out_never_has_the_expiry_never() {
+        let entry = Entry::ready(0, 1u64, NEVER, None, Some(Idle::new(0, 1)));
+        assert!(entry.is_expired(|| 3 << crate::clock::IDLE_SHIFT));
+        let failed = Entry::<u64>::failed(0, Arc::new("boom"), 9);
+        assert!(matches!(failed.kind(), Kind::Failed { expires_at: 9, .. }));
+        assert!(failed.is_expired(|| 9) && !failed.is_expired(|| 8));
     }
 }

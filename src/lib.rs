@@ -337,6 +337,7 @@ mod error;
 pub mod fleet;
 mod flight;
 mod future;
+mod idle;
 mod load;
 mod local;
 #[cfg(feature = "metrics")]

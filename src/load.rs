@@ -529,7 +529,7 @@ where
                     let Kind::Ready(r) = entry.kind() else {
                         return Step::Begin(Begin::Done(Ok(v.clone())));
                     };
-                    let Some(plan) = r.refresh.as_deref() else {
+                    let Some(plan) = r.refresh else {
                         return Step::Begin(Begin::Done(Ok(v.clone())));
                     };
                     let due = self.inner.settings().refresh.due(
@@ -548,7 +548,7 @@ where
                         history = r.history();
                         // Valid until its TTL or its idle deadline, whichever is first: an
                         // idle-expired value is as stale as an expired one.
-                        replaced = Some((r.value.clone(), entry.valid_until(r, now.get())));
+                        replaced = Some((r.value.clone(), r.valid_until(now.get())));
                     }
                     Kind::Loading(flight) => {
                         if flight.overdue(Instant::now()) && !flight.led_by_current_thread() {

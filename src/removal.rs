@@ -63,7 +63,7 @@ thread_local! {
 /// Tells `listen` of `node`'s value, if it holds one, containing a panic.
 fn call_listener<K, V>(listen: &Listener<K, V>, node: &Node<K, Entry<V>>, cause: RemovalCause) {
     if let Kind::Ready(r) = node.value.kind() {
-        let _ = catch_unwind(AssertUnwindSafe(|| listen(&node.key, &r.value, cause)));
+        let _ = catch_unwind(AssertUnwindSafe(|| listen(&node.key, r.value, cause)));
     }
 }
 

@@ -12,9 +12,11 @@ use std::time::Duration;
 use crate::caches::{BenchCache, Hasher, Moka, MutexLru, Papaya, QuickCache};
 
 /// The configurations measured, by name.
-pub const CONFIGS: [&str; 8] = [
+pub const CONFIGS: [&str; 10] = [
     "herdcache",
+    "herdcache (TTL)",
     "herdcache (TTL + early refresh)",
+    "herdcache (time to idle)",
     "herdcache (after as many churn inserts)",
     "quick_cache",
     "moka",
@@ -71,9 +73,11 @@ pub fn rss_bytes() -> Option<u64> {
 pub fn measure(name: &str, entries: u64) -> Result<Footprint, String> {
     let before = rss_bytes().ok_or("no /proc/self/statm: the memory bench needs Linux")?;
     let (resident, after) = match name {
-        "herdcache" => fill_herdcache(entries, false, false),
-        "herdcache (TTL + early refresh)" => fill_herdcache(entries, true, false),
-        "herdcache (after as many churn inserts)" => fill_herdcache(entries, false, true),
+        "herdcache" => fill_herdcache(entries, Timing::None, false),
+        "herdcache (TTL)" => fill_herdcache(entries, Timing::Ttl, false),
+        "herdcache (TTL + early refresh)" => fill_herdcache(entries, Timing::Refresh, false),
+        "herdcache (time to idle)" => fill_herdcache(entries, Timing::Idle, false),
+        "herdcache (after as many churn inserts)" => fill_herdcache(entries, Timing::None, true),
         "quick_cache" => fill::<QuickCache>(entries),
         "moka" => fill::<Moka>(entries),
         "Mutex<LruCache>" => fill::<MutexLru>(entries),
@@ -110,18 +114,33 @@ fn fill<C: BenchCache>(entries: u64) -> (u64, Option<u64>) {
     (resident, after)
 }
 
-/// herdcache with the default builder (only `max_capacity` and the shared hasher), or with
-/// a TTL and early refresh configured; with `churn`, measured after as many inserts of new
-/// keys again (each evicts), when the table has been rebuilt at its steady-state size.
-fn fill_herdcache(entries: u64, refresh: bool, churn: bool) -> (u64, Option<u64>) {
-    let mut builder = herdcache::Cache::builder()
+/// What expires in a herdcache configuration: entries keep what their settings need.
+#[derive(Clone, Copy)]
+enum Timing {
+    /// Nothing.
+    None,
+    /// A time to live.
+    Ttl,
+    /// A time to live and early refresh.
+    Refresh,
+    /// A time to idle.
+    Idle,
+}
+
+/// herdcache with the default builder (only `max_capacity` and the shared hasher) and the
+/// `timing` settings; with `churn`, measured after as many inserts of new keys again (each
+/// evicts), when the table has been rebuilt at its steady-state size.
+fn fill_herdcache(entries: u64, timing: Timing, churn: bool) -> (u64, Option<u64>) {
+    let builder = herdcache::Cache::builder()
         .max_capacity(entries)
         .hasher(Hasher::default());
-    if refresh {
-        builder = builder
-            .time_to_live(Duration::from_secs(3600))
-            .refresh_after(Duration::from_secs(1800));
-    }
+    let hour = Duration::from_secs(3600);
+    let builder = match timing {
+        Timing::None => builder,
+        Timing::Ttl => builder.time_to_live(hour),
+        Timing::Refresh => builder.time_to_live(hour).refresh_after(hour / 2),
+        Timing::Idle => builder.time_to_idle(hour),
+    };
     let cache: herdcache::Cache<u64, u64, Hasher> = builder.build().expect("valid settings");
     let keys = if churn { 0..2 * entries } else { 0..entries };
     for k in keys.clone() {

@@ -10,7 +10,7 @@ use super::{Engine, EntryNode};
 use crate::clock::OnceNow;
 use crate::entry::Entry;
 use crate::local::Pinned;
-use crate::policy::{Look, Policy, Tracked, Victim, Write};
+use crate::policy::{EntryState, Look, Policy, Tracked, Victim, Write};
 use crate::removal::RemovalCause;
 use crate::stats::Counter;
 
@@ -298,7 +298,9 @@ fn forget<K, V>(policy: &Policy, node: &EntryNode<K, V>) {
 
 /// Where a node's policy link lies in it.
 const fn link_offset<K, V>() -> usize {
-    std::mem::offset_of!(EntryNode<K, V>, value) + std::mem::offset_of!(Entry<V>, link)
+    std::mem::offset_of!(EntryNode<K, V>, value)
+        + std::mem::offset_of!(Entry<V>, policy)
+        + std::mem::offset_of!(EntryState, link)
 }
 
 /// The policy's handle on `node`: its link, addressed from the whole node so that `node_of`

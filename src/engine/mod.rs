@@ -29,6 +29,7 @@ use crossbeam_utils::CachePadded;
 use crate::clock::OnceNow;
 use crate::entry::{expiry_after, Entry, Kind, NEVER};
 use crate::flight::Flight;
+use crate::idle::Idle;
 use crate::local::{Domain, Pinned};
 use crate::pacing::Limiter;
 use crate::policy::Policy;
@@ -270,7 +271,7 @@ where
         // before set.
         entry.policy.on_hit();
         if let Some(units) = self.settings.time_to_idle {
-            entry.policy.used(now(), units);
+            entry.used(now(), units);
         }
         pinned.count(Counter::Hits);
         Some(value)
@@ -305,14 +306,14 @@ where
         let refresh = &self.settings.refresh;
         let refresh = refresh
             .active()
-            .then(|| Box::new(refresh.state(now.get(), expires_at, delta, failures)));
+            .then(|| refresh.state(now.get(), expires_at, delta, failures));
+        let idle = self
+            .settings
+            .time_to_idle
+            .map(|units| Idle::new(now.get(), units));
         self.note_expiry(expires_at);
         let shard = self.shard_of(pkey);
-        let entry = Entry::ready(shard, value, expires_at, refresh);
-        match self.settings.time_to_idle {
-            Some(units) => entry.with_idle(now.get(), units),
-            None => entry,
-        }
+        Entry::ready(shard, value, expires_at, refresh, idle)
     }
 
     /// Writes `value` for `key`, to live `ttl` nanoseconds (`None`: forever), replacing any

@@ -82,7 +82,7 @@ where
                 // free it; a fallback is for values a reader still wants).
                 Kind::Ready(r) => {
                     (r.expires_at != NEVER && now >= r.expires_at.saturating_add(grace))
-                        || node.value.policy.idle_expired(now)
+                        || r.idle_expired(now)
                 }
                 Kind::Failed { .. } => node.value.is_expired(|| now),
                 Kind::Loading(_) => false,

@@ -30,16 +30,16 @@ pub(crate) use window::{Requests, Served};
 
 use crossbeam_utils::CachePadded;
 
-use crate::clock::{idle_unit, IDLE_SHIFT};
 use crate::sync::{AtomicU32, AtomicU8, Mutex, Ordering};
 
 /// Hits an entry counts between two looks of the policy (more are not told apart).
 const MAX_HITS: u8 = 3;
 
 /// Per-entry use: hits since the policy last looked at the entry, the policy shard that tracks
-/// its key, and with a `time_to_idle` the idle deadline. One word, read by hits (the hit
-/// counter, and with a `time_to_idle` the deadline), so it sits before the entry's state, on
-/// the line a hit reads; the policy's [`Link`], which hits never read, sits behind.
+/// its key, a byte the entry keeps here, and the entry's [`Link`]. One word: a hit reads its
+/// first bytes (the hit counter, and the tag that names the entry's state); the link, which
+/// hits never read, fills the rest of it.
+#[repr(C)]
 #[derive(Debug)]
 pub(crate) struct EntryState {
     hits: AtomicU8,
@@ -49,9 +49,8 @@ pub(crate) struct EntryState {
     /// hit counter: which state it holds (`entry.rs`). The policy never reads it; fixed at
     /// construction.
     tag: u8,
-    /// The idle unit (see `clock::IDLE_SHIFT`) from which the entry counts as expired for
-    /// want of use; 0: no idle expiry.
-    idle_until: AtomicU32,
+    /// The entry's place in the policy.
+    pub(crate) link: Link,
 }
 
 /// The entry's place in the policy: the number of the policy record that tracks this write,
@@ -111,14 +110,8 @@ impl EntryState {
             hits: AtomicU8::new(0),
             shard,
             tag,
-            idle_until: AtomicU32::new(0),
+            link: Link::new(),
         }
-    }
-
-    /// Sets the entry to expire after `units` idle units unused from `now` (nanoseconds),
-    /// before it is published.
-    pub(crate) fn idle_after(&mut self, now: u64, units: u32) {
-        self.idle_until = AtomicU32::new(idle_deadline(now, units));
     }
 
     /// The entry's tag, as given to [`EntryState::new`].
@@ -133,42 +126,6 @@ impl EntryState {
         self.shard
     }
 
-    /// A use at `now` moves the idle deadline to `units` from now. Test before set: the
-    /// deadline moves once per idle unit, so a hot entry's line is written about 60 times a
-    /// second at most, not per hit. Only forward, from what this use read: two racing uses
-    /// may still leave the earlier of their deadlines (one unit apart at most). Relaxed: a
-    /// hint, like the hits.
-    #[inline]
-    pub(crate) fn used(&self, now: u64, units: u32) {
-        let next = idle_deadline(now, units);
-        let current = self.idle_until.load(Ordering::Relaxed);
-        if (next.wrapping_sub(current) as i32) > 0 {
-            self.idle_until.store(next, Ordering::Relaxed);
-        }
-    }
-
-    /// The idle deadline in nanoseconds, as seen at `now` (`u64::MAX` without one): the
-    /// 32-bit deadline is placed within 2^31 units of `now`.
-    pub(crate) fn idle_deadline_nanos(&self, now: u64) -> u64 {
-        match self.idle_until.load(Ordering::Relaxed) {
-            0 => u64::MAX,
-            until => {
-                let ahead = i64::from(until.wrapping_sub(idle_unit(now)) as i32);
-                let units = (now >> IDLE_SHIFT).saturating_add_signed(ahead);
-                units.saturating_mul(1 << IDLE_SHIFT)
-            }
-        }
-    }
-
-    /// Whether the entry has gone unused past its idle deadline at `now` (nanoseconds).
-    #[inline]
-    pub(crate) fn idle_expired(&self, now: u64) -> bool {
-        match self.idle_until.load(Ordering::Relaxed) {
-            0 => false,
-            until => (idle_unit(now).wrapping_sub(until) as i32) >= 0,
-        }
-    }
-
     /// The hits since the last look, leaving them for the look.
     pub(crate) fn pending_hits(&self) -> u8 {
         self.hits.load(Ordering::Relaxed)
@@ -180,17 +137,6 @@ impl EntryState {
             return 0;
         }
         self.hits.swap(0, Ordering::Relaxed)
-    }
-}
-
-/// The idle deadline of a use at `now` (nanoseconds): `units` idle units later, never 0
-/// (which means "none").
-fn idle_deadline(now: u64, units: u32) -> u32 {
-    // One more unit: `now` is rounded down to its unit, and the deadline must be at least
-    // `units` whole units after `now` itself, never before.
-    match idle_unit(now).wrapping_add(units).wrapping_add(1) {
-        0 => 1,
-        d => d,
     }
 }
 
