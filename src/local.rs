@@ -148,6 +148,9 @@ impl Domain {
         let fast = LOCALS.try_with(|locals| {
             let locals = locals.try_borrow().ok()?;
             let local = locals.first().filter(|l| l.id == self.id)?;
+            if cfg!(debug_assertions) && !local.handle.is_pinned() {
+                crate::sync::user_code_may_run("a first pin, which may collect retired entries");
+            }
             Some((local.handle.pin(), Arc::as_ptr(&local.block)))
         });
         match fast {

@@ -62,6 +62,7 @@ thread_local! {
 
 /// Tells `listen` of `node`'s value, if it holds one, containing a panic.
 fn call_listener<K, V>(listen: &Listener<K, V>, node: &Node<K, Entry<V>>, cause: RemovalCause) {
+    crate::sync::user_code_may_run("the eviction listener");
     if let Kind::Ready(r) = node.value.kind() {
         let _ = catch_unwind(AssertUnwindSafe(|| listen(&node.key, r.value, cause)));
     }
@@ -116,7 +117,10 @@ impl<K, V> Hooks<K, V> {
     pub(crate) fn weight_of(&self, key: &K, value: &V) -> u64 {
         match &self.weigher {
             // A weight of 0 counts as 1, so every entry counts against the bound.
-            Some(w) => u64::from(w(key, value)).max(1),
+            Some(w) => {
+                crate::sync::user_code_may_run("the weigher");
+                u64::from(w(key, value)).max(1)
+            }
             None => 1,
         }
     }
@@ -127,9 +131,12 @@ impl<K, V> Hooks<K, V> {
     /// `weight_of`.
     pub(crate) fn ttl_of(&self, key: &K, value: &V, default: Option<u64>) -> Option<u64> {
         match &self.expire_after {
-            Some(f) => f(key, value)
-                .map(crate::clock::duration_to_nanos)
-                .or(default),
+            Some(f) => {
+                crate::sync::user_code_may_run("the expire_after hook");
+                f(key, value)
+                    .map(crate::clock::duration_to_nanos)
+                    .or(default)
+            }
             None => default,
         }
     }

@@ -99,3 +99,51 @@ pub(crate) mod thread {
         loom::thread::yield_now();
     }
 }
+
+#[cfg(all(debug_assertions, not(herdcache_loom)))]
+std::thread_local! {
+    /// How many sections where no user code may run (`NoUserCode`) this thread is in.
+    static QUIET: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// While it lives, the thread is in a section where no user code may run: a policy lock,
+/// under which a user's `Drop`, listener or weigher could deadlock on the cache or see the
+/// policy half updated (invariant 9 of DESIGN.md). Debug builds check it where user code
+/// runs, or may run, with [`user_code_may_run`]; release builds keep nothing. (Not under
+/// loom, whose model threads share one OS thread's locals.)
+#[derive(Debug)]
+pub(crate) struct NoUserCode(());
+
+impl NoUserCode {
+    #[inline]
+    pub(crate) fn enter() -> Self {
+        #[cfg(all(debug_assertions, not(herdcache_loom)))]
+        let _ = QUIET.try_with(|q| q.set(q.get() + 1));
+        NoUserCode(())
+    }
+}
+
+impl Drop for NoUserCode {
+    #[inline]
+    fn drop(&mut self) {
+        #[cfg(all(debug_assertions, not(herdcache_loom)))]
+        let _ = QUIET.try_with(|q| q.set(q.get() - 1));
+    }
+}
+
+/// In debug builds, panics if the thread is in a [`NoUserCode`] section: `what` runs user
+/// code, or may (a collection of retired entries runs their destructors).
+#[inline]
+#[track_caller]
+pub(crate) fn user_code_may_run(what: &str) {
+    #[cfg(all(debug_assertions, not(herdcache_loom)))]
+    {
+        let quiet = QUIET.try_with(std::cell::Cell::get).unwrap_or(0);
+        assert!(
+            quiet == 0,
+            "{what} where no user code may run (under a policy lock)"
+        );
+    }
+    #[cfg(not(all(debug_assertions, not(herdcache_loom))))]
+    let _ = what;
+}

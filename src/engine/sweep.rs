@@ -96,6 +96,7 @@ where
             // Hands the removed values to the collector now, rather than when this thread
             // has retired enough others: they may be large, and their key may not be read
             // again.
+            crate::sync::user_code_may_run("a flush of retired entries");
             pinned.guard.flush();
         }
         removed

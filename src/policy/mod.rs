@@ -30,7 +30,7 @@ pub(crate) use window::{Requests, Served};
 
 use crossbeam_utils::CachePadded;
 
-use crate::sync::{AtomicU32, AtomicU8, Mutex, Ordering};
+use crate::sync::{AtomicU32, AtomicU8, Mutex, NoUserCode, Ordering};
 
 /// Hits an entry counts between two looks of the policy (more are not told apart).
 const MAX_HITS: u8 = 3;
@@ -301,6 +301,7 @@ impl Policy {
         let mut all: Vec<Ranked> = Vec::new();
         for shard in self.shards.iter() {
             let shard = shard.shard.lock().unwrap_or_else(|p| p.into_inner());
+            let _quiet = NoUserCode::enter();
             all.extend(shard.0.ranked(n, hottest, look));
         }
         all.sort_unstable_by_key(|r| std::cmp::Reverse(r.pref));
@@ -342,6 +343,7 @@ impl Policy {
             .shard
             .lock()
             .unwrap_or_else(|p| p.into_inner());
+        let _quiet = NoUserCode::enter();
         let (core, scratch) = &mut *guard;
         scratch.clear();
         let unwinding = AbortOnUnwind;

@@ -117,6 +117,7 @@ std::thread_local! {
 /// for the next flush or for 64 more retirements.)
 pub(crate) fn flush_outgrown(guard: &Guard) {
     if OUTGREW.try_with(|o| o.replace(false)).unwrap_or(false) {
+        crate::sync::user_code_may_run("a flush of retired entries");
         guard.flush();
     }
 }
@@ -470,6 +471,24 @@ impl<K, V> Table<K, V> {
             let _ = OUTGREW.try_with(|o| o.set(true));
         }
         Some(next)
+    }
+
+    /// Links a new array of the same size to the newest, as a writer starting a migration
+    /// does, without copying anything: for tests of what the writers that help do.
+    #[cfg(test)]
+    fn link_migration(&self, guard: &Guard) {
+        let array = self.root.load(Ordering::Acquire, guard);
+        // SAFETY: see `newest`.
+        let a = unsafe { array.deref() };
+        let fresh = Owned::new(SlotArray::new(a.len()));
+        let linked = a.next.compare_exchange(
+            Shared::null(),
+            fresh,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+            guard,
+        );
+        assert!(linked.is_ok(), "a migration was under way already");
     }
 
     /// Links a new array to `array` (sized for the live entries) unless one is linked

@@ -155,6 +155,41 @@ fn a_table_that_only_grows_frees_the_arrays_it_outgrew() {
     assert_eq!(t.len(), n as usize);
 }
 
+/// A write that finishes a migration another thread started, as an evicting writer's removal
+/// may under a policy lock, leaves the flush of the outgrown array to its caller: the
+/// collection a flush starts runs retired values' destructors, which are user code (debug
+/// builds check that none can run in the section below).
+#[test]
+fn a_write_that_finishes_a_migration_leaves_the_flush_to_its_caller() {
+    let c = Collector::new();
+    let handle = c.register();
+    let g = handle.pin();
+    let t: Table<u64, u64> = Table::with_capacity(64);
+    for k in 0..32 {
+        put(&t, k, k, &g);
+    }
+    let victim = t.get(h(5), |x| *x == 5, &g).expect("key 5 was written");
+    t.link_migration(&g);
+    {
+        let _locked = crate::sync::NoUserCode::enter();
+        assert!(
+            t.remove_node(victim, &g),
+            "the write did not remove its node"
+        );
+    }
+    let outgrew = || OUTGREW.with(Cell::get);
+    assert!(outgrew(), "the promotion left no flush for its caller");
+    flush_outgrown(&g);
+    assert!(!outgrew(), "the caller's flush left the flag set");
+    for k in 0..32 {
+        assert_eq!(
+            get(&t, k, &g),
+            (k != 5).then_some(k),
+            "key {k} after the migration"
+        );
+    }
+}
+
 /// Counts drops of a value so that tests can check each is dropped exactly once.
 #[derive(Debug)]
 struct Tracked(Arc<AtomicUsize>);
