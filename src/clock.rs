@@ -225,7 +225,10 @@ impl TimeSource {
     pub(crate) fn now_nanos(&self) -> u64 {
         let now = match self {
             TimeSource::System(c) => c.now(),
-            TimeSource::Custom(c) => c.now(),
+            TimeSource::Custom(c) => {
+                crate::sync::user_code_may_run("a custom clock");
+                c.now()
+            }
         };
         duration_to_nanos(now)
     }

@@ -31,7 +31,7 @@ pub(crate) struct Entry<V> {
 }
 
 /// `EntryState::tag` of a value with its expiry inline.
-const READY: u8 = 0;
+const INLINE: u8 = 0;
 /// `EntryState::tag` of a value that expires only for want of use, its idle deadline inline.
 const IDLING: u8 = 1;
 /// `EntryState::tag` of a value with both an expiry and an idle deadline, and no refresh plan.
@@ -105,7 +105,8 @@ pub(crate) enum Kind<'a, V> {
     },
 }
 
-/// A ready value, its expiry, and when to refresh it, wherever the entry keeps them.
+/// A ready value, its expiry, and when to refresh it, wherever the entry keeps them (each
+/// ready layout's tag: `INLINE`, `IDLING`, `TIMED`, `PLANNED`).
 #[derive(Debug)]
 pub(crate) struct Ready<'a, V> {
     pub(crate) value: &'a V,
@@ -174,7 +175,7 @@ impl<V> Entry<V> {
     ) -> Self {
         if refresh.is_none() && idle.is_none() {
             let ready = ManuallyDrop::new(Inline { value, expires_at });
-            return Self::with(shard, READY, Payload { ready });
+            return Self::with(shard, INLINE, Payload { ready });
         }
         Self::timed(shard, value, expires_at, refresh, idle)
     }
@@ -264,7 +265,7 @@ impl<V> Entry<V> {
     /// is told apart with one test.
     #[inline]
     pub(crate) fn kind(&self) -> Kind<'_, V> {
-        if self.policy.tag() == READY {
+        if self.policy.tag() == INLINE {
             // SAFETY: the tag names the field written at construction (`with`); neither
             // changes until the entry is dropped.
             let r = unsafe { &self.payload.ready };
@@ -311,10 +312,13 @@ impl<V> Entry<V> {
                     })
                 }
                 LOADING => Kind::Loading(&self.payload.loading),
-                _ => Kind::Failed {
-                    error: &self.payload.failed.error,
-                    expires_at: self.payload.failed.expires_at,
-                },
+                tag => {
+                    debug_assert_eq!(tag, FAILED, "an entry's tag names no state");
+                    Kind::Failed {
+                        error: &self.payload.failed.error,
+                        expires_at: self.payload.failed.expires_at,
+                    }
+                }
             }
         }
     }
@@ -328,10 +332,16 @@ impl<V> Entry<V> {
     /// [`Idle::used`]); nothing for a value without one.
     #[inline]
     pub(crate) fn used(&self, now: u64, units: u32) {
-        if let Kind::Ready(Ready {
-            idle: Some(idle), ..
-        }) = self.kind()
-        {
+        // SAFETY: as in `kind`.
+        let idle = unsafe {
+            match self.policy.tag() {
+                IDLING => Some(&self.payload.idling.idle),
+                TIMED => self.payload.timed.timing.idle.as_ref(),
+                PLANNED => self.payload.planned.timing.idle.as_ref(),
+                _ => None,
+            }
+        };
+        if let Some(idle) = idle {
             idle.used(now, units);
         }
     }
@@ -352,7 +362,7 @@ impl<V> Entry<V> {
     /// until its hard expiry.
     #[inline]
     pub(crate) fn live_value(&self, now: impl FnOnce() -> u64) -> Option<&V> {
-        if self.policy.tag() == READY {
+        if self.policy.tag() == INLINE {
             // SAFETY: as in `kind`.
             let r = unsafe { &self.payload.ready };
             return (r.expires_at == NEVER || now() < r.expires_at).then_some(&r.value);
@@ -372,7 +382,7 @@ impl<V> Drop for Entry<V> {
         // once, with the entry.
         unsafe {
             match self.policy.tag() {
-                READY => ManuallyDrop::drop(&mut self.payload.ready),
+                INLINE => ManuallyDrop::drop(&mut self.payload.ready),
                 _ => self.drop_other(),
             }
         }
@@ -392,7 +402,10 @@ impl<V> Entry<V> {
                 TIMED => ManuallyDrop::drop(&mut self.payload.timed),
                 PLANNED => ManuallyDrop::drop(&mut self.payload.planned),
                 LOADING => ManuallyDrop::drop(&mut self.payload.loading),
-                _ => ManuallyDrop::drop(&mut self.payload.failed),
+                tag => {
+                    debug_assert_eq!(tag, FAILED, "an entry's tag names no state");
+                    ManuallyDrop::drop(&mut self.payload.failed)
+                }
             }
         }
     }
@@ -461,13 +474,28 @@ mod tests {
         }
     }
 
-    /// An idle deadline needs a finite expiry for the liveness check to reach it.
+    /// An idle deadline needs a finite expiry for the liveness check to reach it, whatever
+    /// layout keeps it.
     #[test]
     fn a_value_that_can_idle_out_never_has_the_expiry_never() {
-        let entry = Entry::ready(0, 1u64, NEVER, None, Some(Idle::new(0, 1)));
-        assert!(entry.is_expired(|| 3 << crate::clock::IDLE_SHIFT));
+        let unit = 1u64 << crate::clock::IDLE_SHIFT;
+        let plan = crate::refresh::RefreshSettings::default().state(0, NEVER, 0, 0);
+        for refresh in [None, Some(plan)] {
+            let entry = Entry::ready(0, 1u64, NEVER, refresh, Some(Idle::new(0, 1)));
+            let Kind::Ready(r) = entry.kind() else {
+                panic!("a ready entry reads back as {:?}", entry.kind());
+            };
+            assert_eq!(r.expires_at, NEVER - 1);
+            assert!(!entry.is_expired(|| unit), "idled out early");
+            assert!(entry.is_expired(|| 3 * unit), "never idled out");
+        }
+    }
+
+    #[test]
+    fn a_cached_error_keeps_its_expiry() {
         let failed = Entry::<u64>::failed(0, Arc::new("boom"), 9);
         assert!(matches!(failed.kind(), Kind::Failed { expires_at: 9, .. }));
         assert!(failed.is_expired(|| 9) && !failed.is_expired(|| 8));
+        assert_eq!(failed.live_value(|| 0), None);
     }
 }

@@ -463,8 +463,10 @@ where
     }
 
     /// The entry that puts back a refresh's still-valid `value` when its load failed or was
-    /// detached: its hard expiry as before, one more failure behind it (so the next refresh
-    /// backs off); written at `now`.
+    /// detached: valid as long as before (its expiry, or its idle deadline if that came
+    /// first), one more failure behind it (so the next refresh backs off); written at `now`.
+    /// (In a cache with a `time_to_idle` and no TTL, that finite expiry gives the put-back
+    /// value the layout with both, see `Entry::ready`.)
     fn put_back_entry(
         &self,
         pkey: u64,

@@ -193,6 +193,9 @@ impl Domain {
                     list.insert(0, local);
                 }
             }
+            if cfg!(debug_assertions) && !list[0].handle.is_pinned() {
+                crate::sync::user_code_may_run("a first pin, which may collect retired entries");
+            }
             let out = (list[0].handle.pin(), Arc::as_ptr(&list[0].block));
             drop(list);
             drop(dead);
@@ -208,11 +211,14 @@ impl Domain {
             // Thread-local storage is being torn down, or we were called re-entrantly from
             // a destructor run inside the slow path: use a one-off handle (the guard keeps
             // its registration alive until it unpins) and the shared counters.
-            _ => Pinned {
-                guard: self.collector.register().pin(),
-                counters: self.counters.shared(),
-                owned: false,
-            },
+            _ => {
+                crate::sync::user_code_may_run("a one-off pin, which may collect retired entries");
+                Pinned {
+                    guard: self.collector.register().pin(),
+                    counters: self.counters.shared(),
+                    owned: false,
+                }
+            }
         }
     }
 }

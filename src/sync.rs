@@ -132,17 +132,24 @@ impl Drop for NoUserCode {
 }
 
 /// In debug builds, panics if the thread is in a [`NoUserCode`] section: `what` runs user
-/// code, or may (a collection of retired entries runs their destructors).
+/// code, or may (a collection of retired entries runs their destructors). The message also
+/// goes straight to the standard error, which a test harness does not capture: under a
+/// policy lock the panic aborts the process, and a captured message would be lost with it.
 #[inline]
 #[track_caller]
 pub(crate) fn user_code_may_run(what: &str) {
     #[cfg(all(debug_assertions, not(herdcache_loom)))]
     {
         let quiet = QUIET.try_with(std::cell::Cell::get).unwrap_or(0);
-        assert!(
-            quiet == 0,
-            "{what} where no user code may run (under a policy lock)"
-        );
+        if quiet != 0 {
+            let at = std::panic::Location::caller();
+            let message = format!("herdcache: {what} under a policy lock (invariant 9), at {at}");
+            let _ = std::io::Write::write_all(
+                &mut std::io::stderr(),
+                format!("{message}\n").as_bytes(),
+            );
+            panic!("{message}");
+        }
     }
     #[cfg(not(all(debug_assertions, not(herdcache_loom))))]
     let _ = what;

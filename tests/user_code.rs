@@ -584,20 +584,25 @@ fn a_value_whose_drop_writes_to_its_cache_never_deadlocks_a_writer() {
             .unwrap()
     });
     let (done, finished) = std::sync::mpsc::channel();
+    let mut writers = Vec::new();
     for t in 0..2u64 {
         let (cache, done) = (cache.clone(), done.clone());
-        std::thread::spawn(move || {
+        writers.push(std::thread::spawn(move || {
             for i in 0..100_000u64 {
                 let key = i * 2 + t;
                 cache.insert(key, WritesBack { key, echo: true });
             }
             let _ = done.send(());
-        });
+        }));
     }
     for _ in 0..2 {
         finished
             .recv_timeout(Duration::from_secs(300))
             .expect("a writer never finished: a value's drop waited for a lock its writer held");
+    }
+    // Their exits flush what they retired, whose destructors write too.
+    for w in writers {
+        w.join().expect("a writer panicked");
     }
     assert!(cache.entry_count() <= 2_000);
 }
