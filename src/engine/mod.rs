@@ -165,12 +165,14 @@ where
         let by_pkey = false;
         let pkeys = foldhash::fast::FixedState::with_seed(pkey_seed);
         let seed = pkeys.hash_one(0x5eed_u64);
-        let table = Table::try_with_capacity(settings.initial_capacity).ok_or(
-            crate::BuildError::Invalid {
+        // A write at capacity replaces an entry: the table need not make room for more (a
+        // weight is at least 1, so the capacity bounds the entries the policy tracks).
+        let table = Table::try_with_capacity(settings.initial_capacity)
+            .map(|t| t.with_bound(settings.max_capacity))
+            .ok_or(crate::BuildError::Invalid {
                 setting: "initial_capacity",
                 reason: "its table cannot be allocated on this machine",
-            },
-        )?;
+            })?;
         Ok(Engine {
             table,
             policy: Policy::new(

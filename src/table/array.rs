@@ -16,7 +16,7 @@ pub(crate) const MIN_SLOTS: usize = if cfg!(herdcache_loom) { 4 } else { 16 };
 
 /// Entries of head room a migration target gets beyond the live count, for the writers that
 /// race the start of the migration (see [`SlotArray::place_copy`]).
-const HEADROOM: usize = if cfg!(herdcache_loom) { 2 } else { 64 };
+pub(super) const HEADROOM: usize = if cfg!(herdcache_loom) { 2 } else { 64 };
 
 /// A fixed-size array of slots. Arrays are linked by `next` while a migration (a resize or a
 /// same-size rehash that drops tombstones) is in progress.
@@ -103,9 +103,14 @@ impl<K, V> SlotArray<K, V> {
     }
 
     /// Array size that holds `live` entries at a load factor of at most 1/2, with head room for
-    /// the writers that race the start of a migration.
-    pub(crate) fn size_for(live: usize) -> usize {
-        let want = live.saturating_add(live / 4).saturating_add(HEADROOM);
+    /// the writers that race the start of a migration, and room to grow by a quarter, but
+    /// not past `bound` entries: a table that holds about all it may (a cache at its
+    /// capacity, which replaces as many entries as it takes) migrates to shed tombstones,
+    /// and room for entries it will not hold would only cost memory (up to twice the slots,
+    /// by the rounding to a power of two).
+    pub(crate) fn size_for(live: usize, bound: usize) -> usize {
+        let room = (live / 4).min(bound.saturating_sub(live));
+        let want = live.saturating_add(room).saturating_add(HEADROOM);
         want.saturating_mul(2)
             .checked_next_power_of_two()
             .unwrap_or(1 << (usize::BITS - 1))

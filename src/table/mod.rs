@@ -42,6 +42,8 @@ use std::marker::PhantomData;
 use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
 use crossbeam_utils::CachePadded;
 
+#[cfg(test)]
+use array::HEADROOM;
 use array::{SlotArray, COPY_CHUNK};
 use node::{tag_of, SlotBits, TAG_EMPTY};
 use probe::Probe;
@@ -84,6 +86,8 @@ pub struct Table<K, V> {
     /// Live entries across the table. On a line of its own, away from `root`, which every
     /// read loads: inserts of new keys and removals change it.
     len: CachePadded<AtomicUsize>,
+    /// The most entries the table is expected to hold (see `SlotArray::size_for`).
+    bound: usize,
     _marker: PhantomData<Box<Node<K, V>>>,
 }
 
@@ -136,8 +140,17 @@ impl<K, V> Table<K, V> {
         Some(Table {
             root: Atomic::new(array),
             len: CachePadded::new(AtomicUsize::new(0)),
+            bound: usize::MAX,
             _marker: PhantomData,
         })
+    }
+
+    /// The table, expecting to hold at most about `bound` entries: its migrations size the
+    /// next array with no room to grow past them. More may be written (the arrays grow as
+    /// they must), at the cost of migrations a little more frequent than without a bound.
+    pub fn with_bound(mut self, bound: usize) -> Self {
+        self.bound = bound;
+        self
     }
 
     /// Live entries (exact when no write is in progress).
@@ -497,7 +510,7 @@ impl<K, V> Table<K, V> {
         // SAFETY: see `newest`.
         let a = unsafe { array.deref() };
         if a.next.load(Ordering::Acquire, guard).is_null() {
-            let size = SlotArray::<K, V>::size_for(self.len());
+            let size = SlotArray::<K, V>::size_for(self.len(), self.bound);
             let fresh = Owned::new(SlotArray::new(size));
             // Release publishes the empty array; on failure ours is dropped, still empty.
             let _ = a.next.compare_exchange(

@@ -95,7 +95,33 @@ fn churn_does_not_grow_the_table() {
         max_slots = max_slots.max(t.slot_count(&g));
         assert!(t.len() <= live as usize + 1);
     }
-    assert!(max_slots <= SlotArray::<u64, u64>::size_for(live as usize + 1));
+    assert!(max_slots <= SlotArray::<u64, u64>::size_for(live as usize + 1, usize::MAX));
+}
+
+/// A table that holds as many entries as it may, replacing one per write as a full cache
+/// does, keeps at most twice as many slots as entries (with the head room and the rounding
+/// to a power of two): its migrations shed tombstones without making room to grow.
+#[test]
+fn a_full_table_that_churns_keeps_two_slots_per_entry() {
+    let c = Collector::new();
+    let handle = c.register();
+    let live = 800u64;
+    let t = Table::with_capacity(live as usize).with_bound(live as usize);
+    let mut max_slots = 0;
+    for k in 0..scaled(20_000) as u64 {
+        let g = handle.pin();
+        put(&t, k, k, &g);
+        if k >= live {
+            let old = k - live;
+            assert!(t.remove(h(old), |x| *x == old, &g).is_some());
+        }
+        max_slots = max_slots.max(t.slot_count(&g));
+    }
+    let most = (2 * (live as usize + HEADROOM)).next_power_of_two();
+    assert!(
+        max_slots <= most,
+        "{live} entries churned through {max_slots} slots; at most {most} expected"
+    );
 }
 
 #[test]
