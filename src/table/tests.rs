@@ -76,18 +76,15 @@ fn grows_through_many_resizes_and_keeps_every_key() {
     assert_eq!(seen, (0..n).collect::<Vec<_>>());
 }
 
-#[test]
-fn churn_does_not_grow_the_table() {
-    // Insert and remove distinct keys forever at a constant live count: tombstones must be
-    // dropped by same-size rehashes, not accumulate into growth.
+/// Writes `writes` distinct keys to `t`, removing each one `live` writes later, so that `t`
+/// holds `live` entries from then on; returns the most slots its newest array had.
+fn churn(t: &Table<u64, u64>, live: u64, writes: u64) -> usize {
     let c = Collector::new();
     let handle = c.register();
-    let t = Table::with_capacity(64);
-    let live = 64u64;
     let mut max_slots = 0;
-    for k in 0..scaled(20_000) as u64 {
+    for k in 0..writes {
         let g = handle.pin();
-        put(&t, k, k, &g);
+        put(t, k, k, &g);
         if k >= live {
             let old = k - live;
             assert!(t.remove(h(old), |x| *x == old, &g).is_some());
@@ -95,6 +92,15 @@ fn churn_does_not_grow_the_table() {
         max_slots = max_slots.max(t.slot_count(&g));
         assert!(t.len() <= live as usize + 1);
     }
+    max_slots
+}
+
+#[test]
+fn churn_does_not_grow_the_table() {
+    // Insert and remove distinct keys forever at a constant live count: tombstones must be
+    // dropped by same-size rehashes, not accumulate into growth.
+    let live = 64;
+    let max_slots = churn(&Table::with_capacity(64), live, scaled(20_000) as u64);
     assert!(max_slots <= SlotArray::<u64, u64>::size_for(live as usize + 1, usize::MAX));
 }
 
@@ -103,20 +109,9 @@ fn churn_does_not_grow_the_table() {
 /// to a power of two): its migrations shed tombstones without making room to grow.
 #[test]
 fn a_full_table_that_churns_keeps_two_slots_per_entry() {
-    let c = Collector::new();
-    let handle = c.register();
-    let live = 800u64;
+    let live = 800;
     let t = Table::with_capacity(live as usize).with_bound(live as usize);
-    let mut max_slots = 0;
-    for k in 0..scaled(20_000) as u64 {
-        let g = handle.pin();
-        put(&t, k, k, &g);
-        if k >= live {
-            let old = k - live;
-            assert!(t.remove(h(old), |x| *x == old, &g).is_some());
-        }
-        max_slots = max_slots.max(t.slot_count(&g));
-    }
+    let max_slots = churn(&t, live, scaled(20_000) as u64);
     let most = (2 * (live as usize + HEADROOM)).next_power_of_two();
     assert!(
         max_slots <= most,
