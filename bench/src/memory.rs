@@ -12,8 +12,9 @@ use std::time::Duration;
 use crate::caches::{BenchCache, Hasher, Moka, MutexLru, Papaya, QuickCache};
 
 /// The configurations measured, by name.
-pub const CONFIGS: [&str; 10] = [
+pub const CONFIGS: [&str; 11] = [
     "herdcache",
+    "herdcache (capacity 10x the entries)",
     "herdcache (TTL)",
     "herdcache (TTL + early refresh)",
     "herdcache (time to idle)",
@@ -74,6 +75,9 @@ pub fn measure(name: &str, entries: u64) -> Result<Footprint, String> {
     let before = rss_bytes().ok_or("no /proc/self/statm: the memory bench needs Linux")?;
     let (resident, after) = match name {
         "herdcache" => fill_herdcache(entries, Timing::None, false),
+        "herdcache (capacity 10x the entries)" => {
+            fill_herdcache_in(entries, 10 * entries, Timing::None, false)
+        }
         "herdcache (TTL)" => fill_herdcache(entries, Timing::Ttl, false),
         "herdcache (TTL + early refresh)" => fill_herdcache(entries, Timing::Refresh, false),
         "herdcache (time to idle)" => fill_herdcache(entries, Timing::Idle, false),
@@ -131,8 +135,19 @@ enum Timing {
 /// `timing` settings; with `churn`, measured after as many inserts of new keys again (each
 /// evicts), when the table has been rebuilt at its steady-state size.
 fn fill_herdcache(entries: u64, timing: Timing, churn: bool) -> (u64, Option<u64>) {
+    fill_herdcache_in(entries, entries, timing, churn)
+}
+
+/// `fill_herdcache` in a cache of capacity `capacity` (at least `entries`): what a cache
+/// configured for more than it holds pays.
+fn fill_herdcache_in(
+    entries: u64,
+    capacity: u64,
+    timing: Timing,
+    churn: bool,
+) -> (u64, Option<u64>) {
     let builder = herdcache::Cache::builder()
-        .max_capacity(entries)
+        .max_capacity(capacity)
         .hasher(Hasher::default());
     let hour = Duration::from_secs(3600);
     let builder = match timing {

@@ -235,7 +235,7 @@ type Shard = (tinylfu::Core, Vec<Victim>);
 #[derive(Debug)]
 struct Locked {
     shard: Mutex<Shard>,
-    sketch: sketch::Hint,
+    sketch: sketch::PublishedHint,
 }
 
 impl Policy {
@@ -261,7 +261,7 @@ impl Policy {
                     core.reserve(share);
                 }
                 CachePadded::new(Locked {
-                    sketch: core.sketch_hint(),
+                    sketch: sketch::PublishedHint::new(core.sketch_hint()),
                     shard: Mutex::new((core, Vec::new())),
                 })
             })
@@ -339,16 +339,16 @@ impl Policy {
         shard: u8,
         f: impl FnOnce(&mut dyn EvictionPolicy, &mut Vec<Victim>) -> R,
     ) -> R {
-        let mut guard = self.shards[usize::from(shard)]
-            .shard
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let locked = &self.shards[usize::from(shard)];
+        let mut guard = locked.shard.lock().unwrap_or_else(|p| p.into_inner());
         let _quiet = NoUserCode::enter();
         let (core, scratch) = &mut *guard;
         scratch.clear();
         let unwinding = AbortOnUnwind;
         let r = f(core, scratch);
         std::mem::forget(unwinding);
+        // A write may have grown the sketch.
+        locked.sketch.renew(core.sketch_hint());
         scratch.clear();
         r
     }

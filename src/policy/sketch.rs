@@ -2,7 +2,9 @@
 //! periodically, so it estimates how often a key was seen recently.
 //!
 //! Each key maps to four counters in one 64-byte block (eight `u64` words of sixteen
-//! counters), so an update touches one cache line. Keys are the policy's own 64-bit key hash
+//! counters), so an update touches one cache line. The sketch starts small and doubles as
+//! its policy tracks more keys, up to one word per entry of capacity: a cache configured for
+//! far more than it holds pays for the counters of what it holds. Keys are the policy's own 64-bit key hash
 //! (seeded per cache, independent of the user's hasher), remixed with a per-sketch seed:
 //! keys chosen to collide in the sketch cannot be found without knowing both seeds.
 
@@ -32,6 +34,8 @@ struct Block([u64; 8]);
 pub(crate) struct Sketch {
     table: Box<[Block]>,
     block_mask: usize,
+    /// The most blocks the sketch grows to.
+    max_blocks: usize,
     seed: u64,
     /// Increments since the last halving.
     additions: usize,
@@ -58,6 +62,16 @@ fn zeroed(blocks: usize) -> Box<[Block]> {
     unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(block, blocks)) }
 }
 
+/// Blocks for `entries` keys: one 16-counter word per entry, as Caffeine sizes it, but at
+/// least `MIN_WORDS`.
+fn blocks_for(entries: usize) -> usize {
+    let words = entries
+        .max(MIN_WORDS)
+        .checked_next_power_of_two()
+        .unwrap_or(1 << (usize::BITS - 1));
+    (words / 8).max(1)
+}
+
 fn mix(mut x: u64) -> u64 {
     // SplitMix64's finaliser.
     x ^= x >> 30;
@@ -76,14 +90,14 @@ fn spread(key: u64, seed: u64, block_mask: usize) -> (usize, u64) {
 }
 
 impl Sketch {
-    /// A sketch for a cache of `capacity` entries.
+    /// A sketch for a cache of `capacity` entries, sized for none yet (see [`fit`](Self::fit)).
     pub(crate) fn new(capacity: usize, seed: u64) -> Self {
-        // One 16-counter word per entry, as Caffeine sizes it, but at least `MIN_WORDS`.
-        let words = capacity.max(MIN_WORDS).next_power_of_two();
-        let blocks = (words / 8).max(1);
+        let max_blocks = blocks_for(capacity);
+        let blocks = blocks_for(0).min(max_blocks);
         Sketch {
             table: zeroed(blocks),
             block_mask: blocks - 1,
+            max_blocks,
             seed: mix(seed | 1),
             additions: 0,
             sample: capacity.max(128).saturating_mul(AGE_EVERY),
@@ -106,8 +120,36 @@ impl Sketch {
         (block, spots)
     }
 
-    /// Where `key`'s counters are, for a caller that may not read the sketch (it is under
-    /// its shard's lock) to prefetch them: the blocks are allocated once, with the sketch.
+    /// Makes room for the counters of `entries` keys, up to the capacity's: the blocks double
+    /// until there is a 16-counter word per entry (Caffeine's size). Every estimate stays as
+    /// it was: a key's block in the larger table is its old block or the one a whole old
+    /// table further (one more bit of its hash decides), and both start as copies of the old.
+    #[inline]
+    pub(crate) fn fit(&mut self, entries: usize) {
+        if self.table.len() < self.max_blocks && blocks_for(entries) > self.table.len() {
+            self.grow(blocks_for(entries).min(self.max_blocks));
+        }
+    }
+
+    /// The blocks of counters.
+    #[cfg(test)]
+    pub(crate) fn blocks(&self) -> usize {
+        self.table.len()
+    }
+
+    #[cold]
+    fn grow(&mut self, blocks: usize) {
+        let mut table = zeroed(blocks);
+        let old = &self.table;
+        for (i, block) in table.iter_mut().enumerate() {
+            *block = old[i & self.block_mask];
+        }
+        self.table = table;
+        self.block_mask = blocks - 1;
+    }
+
+    /// Where the counters are now, for callers that may not read the sketch (it is under its
+    /// shard's lock) to prefetch them (see [`PublishedHint`]).
     pub(crate) fn hint(&self) -> Hint {
         Hint {
             blocks: self.table.as_ptr().addr(),
@@ -190,6 +232,49 @@ impl Hint {
     }
 }
 
+/// A sketch's [`Hint`] as its shard publishes it beside the lock, renewed under the lock when
+/// the sketch grows. Its words are read without the lock, and each may be a growth behind
+/// the other: the address then computed is a wrong one, which a prefetch loads for nothing
+/// (it never faults, and nothing reads through it). Not modelled under loom, for that reason.
+#[derive(Debug)]
+pub(crate) struct PublishedHint {
+    blocks: std::sync::atomic::AtomicUsize,
+    block_mask: std::sync::atomic::AtomicUsize,
+    seed: u64,
+}
+
+impl PublishedHint {
+    pub(crate) fn new(hint: Hint) -> Self {
+        PublishedHint {
+            blocks: hint.blocks.into(),
+            block_mask: hint.block_mask.into(),
+            seed: hint.seed,
+        }
+    }
+
+    /// Publishes `hint`, the sketch's now (under the shard's lock).
+    #[inline]
+    pub(crate) fn renew(&self, hint: Hint) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.blocks.load(Relaxed) != hint.blocks {
+            self.block_mask.store(hint.block_mask, Relaxed);
+            self.blocks.store(hint.blocks, Relaxed);
+        }
+    }
+
+    /// Starts loading the block of `key`'s counters (see `prefetch.rs`).
+    #[inline]
+    pub(crate) fn prefetch(&self, key: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let hint = Hint {
+            blocks: self.blocks.load(Relaxed),
+            block_mask: self.block_mask.load(Relaxed),
+            seed: self.seed,
+        };
+        hint.prefetch(key);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,7 +282,8 @@ mod tests {
     #[test]
     fn a_key_s_counters_share_one_cache_line() {
         for capacity in [1_000, 100_000, 1_000_000] {
-            let s = Sketch::new(capacity, 3);
+            let mut s = Sketch::new(capacity, 3);
+            s.fit(capacity);
             assert_eq!(
                 s.table.as_ptr().addr() % 64,
                 0,
@@ -205,6 +291,51 @@ mod tests {
             );
             assert_eq!(std::mem::size_of::<Block>(), 64);
         }
+    }
+
+    #[test]
+    fn a_sketch_grows_with_its_entries_up_to_its_capacity() {
+        let mut s = Sketch::new(100_000, 1);
+        assert_eq!(
+            s.table.len(),
+            MIN_WORDS / 8,
+            "a new sketch counts for no entries yet"
+        );
+        s.fit(500);
+        assert_eq!(s.table.len(), MIN_WORDS / 8);
+        s.fit(10_000);
+        assert_eq!(s.table.len(), 16_384 / 8);
+        s.fit(1_000_000);
+        assert_eq!(
+            s.table.len(),
+            131_072 / 8,
+            "grew past one word per entry of capacity"
+        );
+        assert_eq!(
+            s.table.as_ptr().addr() % 64,
+            0,
+            "a grown sketch's blocks are aligned"
+        );
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "safe code, 20,000 increments: too slow under Miri")]
+    fn growing_keeps_every_estimate() {
+        let mut s = Sketch::new(1 << 16, 5);
+        for k in 0..5_000u64 {
+            for _ in 0..k % 7 {
+                s.increment(k);
+            }
+        }
+        let estimates = |s: &Sketch| (0..6_000u64).map(|k| s.frequency(k)).collect::<Vec<_>>();
+        let before = estimates(&s);
+        s.fit(1 << 16);
+        assert_eq!(s.table.len(), (1 << 16) / 8);
+        assert_eq!(
+            estimates(&s),
+            before,
+            "an estimate changed with the sketch's size"
+        );
     }
 
     #[test]

@@ -979,6 +979,7 @@ impl EvictionPolicy for Core {
                 i
             }
             Took::New(i) => {
+                self.sketch.fit(self.len());
                 let resize = self.sizer.new_key(pkey, weight, served);
                 self.resize(resize, probe, &mut budget);
                 i
@@ -1163,6 +1164,26 @@ mod tests {
         // SAFETY: the nodes are live (the caller's word).
         unsafe { core.write(w, &mut out, &mut |_| Look::default(), &Requests::default) };
         out
+    }
+
+    /// A cache configured for far more than it holds pays for the counters of what it holds.
+    #[test]
+    fn a_policy_far_from_its_capacity_counts_for_the_keys_it_holds() {
+        let mut core = Core::new(10_000_000, 1);
+        let mut e = Entries::default();
+        let keys = if cfg!(miri) { 300 } else { 20_000 };
+        for k in 0..keys {
+            write(&mut core, &mut e, k);
+        }
+        let words = 8 * core.sketch.blocks();
+        assert!(
+            words <= (keys as usize).next_power_of_two().max(1_024),
+            "{keys} keys held, a sketch of {words} words"
+        );
+        assert!(
+            words >= keys as usize,
+            "{keys} keys held, a sketch of {words} words"
+        );
     }
 
     /// Also Miri's look at the policy's pointers into the nodes through eviction churn, so
