@@ -39,8 +39,10 @@ pub(crate) struct Sketch {
     seed: u64,
     /// Increments since the last halving.
     additions: usize,
-    /// Halve every this many increments.
+    /// Halve every this many increments: `AGE_EVERY` per entry the counters are sized for.
     sample: usize,
+    /// `sample` once the sketch has its largest size.
+    full_sample: usize,
 }
 
 /// `blocks` zeroed blocks, from zeroed memory: the pages of a large sketch are not written
@@ -94,14 +96,28 @@ impl Sketch {
     pub(crate) fn new(capacity: usize, seed: u64) -> Self {
         let max_blocks = blocks_for(capacity);
         let blocks = blocks_for(0).min(max_blocks);
-        Sketch {
+        let mut sketch = Sketch {
             table: zeroed(blocks),
             block_mask: blocks - 1,
             max_blocks,
             seed: mix(seed | 1),
             additions: 0,
-            sample: capacity.max(128).saturating_mul(AGE_EVERY),
-        }
+            sample: 0,
+            full_sample: capacity.max(128).saturating_mul(AGE_EVERY),
+        };
+        sketch.set_sample();
+        sketch
+    }
+
+    /// Ages on the schedule of the entries the counters are sized for (a word each), the
+    /// capacity's once they are all there: a small sketch aged on the capacity's schedule
+    /// would saturate.
+    fn set_sample(&mut self) {
+        self.sample = if self.table.len() == self.max_blocks {
+            self.full_sample
+        } else {
+            (self.table.len() * 8).max(128).saturating_mul(AGE_EVERY)
+        };
     }
 
     /// The block and the four (word, counter shift) positions for `key`: row `i` uses
@@ -146,6 +162,7 @@ impl Sketch {
         }
         self.table = table;
         self.block_mask = blocks - 1;
+        self.set_sample();
     }
 
     /// Where the counters are now, for callers that may not read the sketch (it is under its
@@ -321,6 +338,31 @@ mod tests {
             s.table.as_ptr().addr() % 64,
             0,
             "a grown sketch's blocks are aligned"
+        );
+    }
+
+    /// A sketch sized for fewer entries than its capacity ages on their schedule.
+    #[test]
+    #[cfg_attr(miri, ignore = "safe code, 6,000 increments: too slow under Miri")]
+    fn a_small_sketch_ages_on_its_own_schedule() {
+        let mut s = Sketch::new(1_000_000, 9);
+        for _ in 0..15 {
+            s.increment(u64::MAX);
+        }
+        // 1,024 words: a halving after 5,120 increments, not after the capacity's 5 million.
+        for k in 0..6_000 {
+            s.increment(k);
+        }
+        let hot = s.frequency(u64::MAX);
+        assert!(
+            hot <= MAX_COUNT / 2 + 1,
+            "no halving in 6,000 increments: {hot}"
+        );
+        s.fit(1_000_000);
+        assert_eq!(
+            s.sample,
+            1_000_000 * AGE_EVERY,
+            "the full sketch ages on the capacity's"
         );
     }
 
