@@ -265,18 +265,26 @@ impl<V> Entry<V> {
     /// is told apart with one test.
     #[inline]
     pub(crate) fn kind(&self) -> Kind<'_, V> {
-        if self.policy.tag() == INLINE {
+        match self.inline() {
+            Some(r) => Kind::Ready(r),
+            None => self.other_kind(),
+        }
+    }
+
+    /// The value of an `INLINE` entry, the layout most caches hold, or `None` for any other.
+    #[inline]
+    fn inline(&self) -> Option<Ready<'_, V>> {
+        (self.policy.tag() == INLINE).then(|| {
             // SAFETY: the tag names the field written at construction (`with`); neither
             // changes until the entry is dropped.
             let r = unsafe { &self.payload.ready };
-            return Kind::Ready(Ready {
+            Ready {
                 value: &r.value,
                 expires_at: r.expires_at,
                 idle: None,
                 refresh: None,
-            });
-        }
-        self.other_kind()
+            }
+        })
     }
 
     /// `kind`, for the other states.
@@ -362,10 +370,8 @@ impl<V> Entry<V> {
     /// until its hard expiry.
     #[inline]
     pub(crate) fn live_value(&self, now: impl FnOnce() -> u64) -> Option<&V> {
-        if self.policy.tag() == INLINE {
-            // SAFETY: as in `kind`.
-            let r = unsafe { &self.payload.ready };
-            return (r.expires_at == NEVER || now() < r.expires_at).then_some(&r.value);
+        if let Some(r) = self.inline() {
+            return r.live(now).then_some(r.value);
         }
         match self.other_kind() {
             Kind::Ready(r) => r.live(now).then_some(r.value),
