@@ -184,9 +184,9 @@ where
     /// there first.
     fn insert_for(&self, key: K, value: V, ttl: Option<u64>) {
         #[cfg(feature = "redis")]
-        let written =
-            self.inner
-                .write_through(Some(&key), self.inner.pkey(&key), Some((&value, ttl)));
+        let written = self
+            .inner
+            .write_through(&key, Some(&key), Some((&value, ttl)));
         #[cfg(feature = "redis")]
         let ttl = match written.as_ref().and_then(|w| w.cap) {
             Some(cap) => Some(ttl.map_or(cap, |t| t.min(cap))),
@@ -241,7 +241,7 @@ where
     {
         // In progress until the local removal is done (other own writes of the key look).
         #[cfg(feature = "redis")]
-        let _written = self.inner.write_through(None, self.inner.pkey(key), None);
+        let _written = self.inner.write_through(key, None, None);
         let pinned = self.inner.pin();
         let hash = self.inner.hash(key);
         let live = self

@@ -164,9 +164,7 @@ where
             }
             // In progress in the tier until the local removal is done, as for `invalidate`.
             #[cfg(feature = "redis")]
-            let _written = self
-                .inner
-                .write_through(None, self.inner.pkey(&node.key), None);
+            let _written = self.inner.write_through(&node.key, None, None);
             self.inner
                 .remove_node(node, RemovalCause::Invalidated, &pinned);
         }

@@ -452,7 +452,7 @@ where
             flight.serving(|| now).map(|v| {
                 let key = key.to_owned();
                 let weight = self.inner.weight_of(&key, v);
-                let pkey = self.inner.pkey(&key);
+                let pkey = self.inner.pkey(hash, &key);
                 let entry = self.put_back_entry(pkey, flight, v.clone(), &at);
                 (Node::owned(hash, key, entry), weight, pkey)
             })
@@ -619,7 +619,7 @@ where
                 }),
                 permit,
             }));
-            let pkey = self.inner.pkey(key);
+            let pkey = self.inner.pkey(hash, key);
             let loading = Entry::loading(self.inner.shard_of(pkey), Arc::clone(&flight));
             // Both clones of the key (user code) before the install: once our `Loading` entry
             // is in the table, only the `Lead` (whose drop settles it) may run user code.

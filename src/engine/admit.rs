@@ -303,6 +303,12 @@ const fn link_offset<K, V>() -> usize {
         + std::mem::offset_of!(EntryState, link)
 }
 
+/// How far a node's table hash lies before its policy link, for a policy that reads keys
+/// from the nodes (`KeySource::Derived`).
+pub(super) const fn hash_before_link<K, V>() -> usize {
+    link_offset::<K, V>() - std::mem::offset_of!(EntryNode<K, V>, hash)
+}
+
 /// The policy's handle on `node`: its link, addressed from the whole node so that `node_of`
 /// may step back to it.
 #[inline]

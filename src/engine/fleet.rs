@@ -26,15 +26,17 @@ where
     V: Send + Sync + 'static,
     S: BuildHasher,
 {
-    /// The tier's half of an insert (`value` with its TTL in nanoseconds) or an invalidation
-    /// (`None`) of the key with policy key `pkey`; `None` without a tier.
-    pub(crate) fn write_through(
+    /// The tier's half of an insert of `key` (`value` with its TTL in nanoseconds) or of an
+    /// invalidation (`None`) of the key `named`; `None` without a tier.
+    pub(crate) fn write_through<Q: Hash + ?Sized>(
         &self,
+        named: &Q,
         key: Option<&K>,
-        pkey: u64,
         value: Option<(&V, Option<u64>)>,
     ) -> Option<Written<'_>> {
         let tier = self.shared()?;
+        // Hashed only with a tier: its policy keys are hashed from the key, not the table hash.
+        let pkey = self.pkey(self.hash(named), named);
         // Our own loads of the key in flight must not install what they read before this.
         let own = tier.coherence().begin_write(pkey);
         let count = self.counting();

@@ -32,7 +32,7 @@ use crate::flight::Flight;
 use crate::idle::Idle;
 use crate::local::{Domain, Pinned};
 use crate::pacing::Limiter;
-use crate::policy::Policy;
+use crate::policy::{KeySource, Policy};
 use crate::removal::{Hooks, RemovalCause};
 use crate::settings::Settings;
 use crate::stats::{Counter, CounterRegistry};
@@ -48,8 +48,10 @@ pub(crate) type Replacement<K, V> = (Owned<EntryNode<K, V>>, u64, u64);
 pub(crate) struct Engine<K, V, S> {
     table: Table<K, Entry<V>>,
     policy: Policy,
-    /// Hashes keys into policy keys: seeded per cache, independent of the user's hasher.
-    pkeys: foldhash::fast::FixedState,
+    /// Hashes keys into policy keys where the shared tier fixes them (seeded alike across
+    /// its fleet, independent of the user's hasher); `None`: policy keys derive from the
+    /// table hash (`Policy::pkey_of_hash`), and no write hashes its key twice.
+    pkeys: Option<foldhash::fast::FixedState>,
     hooks: Hooks<K, V>,
     hasher: S,
     settings: Settings,
@@ -163,8 +165,13 @@ where
         let by_pkey = shared.is_some();
         #[cfg(not(feature = "redis"))]
         let by_pkey = false;
-        let pkeys = foldhash::fast::FixedState::with_seed(pkey_seed);
-        let seed = pkeys.hash_one(0x5eed_u64);
+        let fixed = foldhash::fast::FixedState::with_seed(pkey_seed);
+        let seed = fixed.hash_one(0x5eed_u64);
+        let (pkeys, keys) = if by_pkey {
+            (Some(fixed), KeySource::Indexed)
+        } else {
+            (None, KeySource::Derived(admit::hash_before_link::<K, V>()))
+        };
         // A write at capacity replaces an entry: the table need not make room for more (a
         // weight is at least 1, so the capacity bounds the entries the policy tracks).
         let table = Table::try_with_capacity(settings.initial_capacity)
@@ -175,12 +182,16 @@ where
             })?;
         Ok(Engine {
             table,
-            policy: Policy::new(
-                settings.max_capacity as u64,
-                seed,
-                hooks.weigher.is_some(),
-                by_pkey,
-            ),
+            // SAFETY: a node's hash is written once, when it is made; `tracked` addresses the
+            // link from the whole node.
+            policy: unsafe {
+                Policy::new(
+                    settings.max_capacity as u64,
+                    seed,
+                    hooks.weigher.is_some(),
+                    keys,
+                )
+            },
             pkeys,
             hooks,
             hasher,
@@ -206,10 +217,13 @@ where
         self.hasher.hash_one(key)
     }
 
-    /// The policy key of `key` (any borrowed form hashes alike).
+    /// The policy key of `key`, whose table hash is `hash` (any borrowed form hashes alike).
     #[inline]
-    pub(crate) fn pkey<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
-        self.pkeys.hash_one(key)
+    pub(crate) fn pkey<Q: Hash + ?Sized>(&self, hash: u64, key: &Q) -> u64 {
+        match &self.pkeys {
+            Some(pkeys) => pkeys.hash_one(key),
+            None => self.policy.pkey_of_hash(hash),
+        }
     }
 
     /// The policy shard of the key with policy key `pkey`, which its entries name.
@@ -324,7 +338,7 @@ where
         let hash = self.hash(&key);
         self.table.prefetch(hash, &pinned.guard);
         let weight = self.weight_of(&key, &value);
-        let pkey = self.pkey(&key);
+        let pkey = self.pkey(hash, &key);
         self.policy.prefetch(pkey);
         let now = self.once_now();
         let expires_at = ttl.map_or(NEVER, |t| expiry_after(now.get(), t));

@@ -226,9 +226,35 @@ pub(crate) struct Policy {
     /// `64 - log2(shards)`: the policy key's top bits choose the shard (its low bits place it
     /// in the shard's index, and the sketch remixes it).
     shift: u32,
+    /// Seeds derived policy keys (see [`KeySource::Derived`]).
+    pkey_seed: u64,
 }
 
 type Shard = (tinylfu::Core, Vec<Victim>);
+
+/// Where the policy's records get their policy keys.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum KeySource {
+    /// Every write comes with its policy key, which its record keeps, and the policy keeps an
+    /// index by policy key: the shared tier's keys, hashed from the key alike in every
+    /// process, which its broadcasts name (see [`EvictionPolicy::find`]).
+    Indexed,
+    /// A record's policy key is [`Policy::pkey_of_hash`] of its node's table hash, a `u64`
+    /// this many bytes before the node's [`Link`].
+    Derived(usize),
+}
+
+/// The policy key of a key whose table hash is `hash`, in a cache whose policy keys the
+/// shared tier does not fix: a bijection of the hash, seeded per cache, so that a table
+/// hasher without a seed of its own does not make the sketch's collisions predictable. Its
+/// top bits (which choose the shard) and its low bits (which place it in the sketch and in
+/// the sizer's ghost) both depend on every bit of the hash, so even an identity hash of
+/// consecutive integers spreads.
+#[inline]
+pub(crate) fn pkey_of_hash(hash: u64, seed: u64) -> u64 {
+    let x = (hash ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    x ^ (x >> 32)
+}
 
 /// A shard under its lock, beside where its sketch's counters are, which a write prefetches
 /// before it takes the lock.
@@ -239,23 +265,32 @@ struct Locked {
 }
 
 impl Policy {
-    /// A policy for `max_weight` units, seeded for its sketches; `weighted`: a weigher is set;
-    /// `by_pkey`: entries must be found by policy key (see [`EvictionPolicy::find`]).
-    pub(crate) fn new(max_weight: u64, seed: u64, weighted: bool, by_pkey: bool) -> Self {
+    /// A policy for `max_weight` units, seeded for its sketches and its derived policy keys;
+    /// `weighted`: a weigher is set; `keys`: where its records' policy keys come from.
+    ///
+    /// # Safety
+    /// With [`KeySource::Derived`], every write reported to the policy keeps its table hash
+    /// there, initialised and unchanging while the node is live, in the allocation its
+    /// `Tracked` addresses with the provenance of the whole node.
+    pub(crate) unsafe fn new(max_weight: u64, seed: u64, weighted: bool, keys: KeySource) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let count = if weighted {
             1
         } else {
             shard_count(max_weight, cores)
         };
+        // Apart from the sketches' seeds, which remix the policy keys.
+        let pkey_seed = seed.rotate_left(29) ^ 0xa076_1d64_78bd_642f;
         let shards = (0..count as u64)
             .map(|i| {
                 // The remainder goes to the first shards, so the bounds sum to `max_weight`.
                 let share = max_weight / count as u64 + u64::from(i < max_weight % count as u64);
                 let sketched = share.min(SKETCH_MAX_ENTRIES / count as u64);
                 let mut core = tinylfu::Core::with_sketch(share, sketched, seed.wrapping_add(i));
-                if by_pkey {
-                    core.index_by_pkey();
+                match keys {
+                    KeySource::Indexed => core.index_by_pkey(),
+                    // SAFETY: the caller's contract.
+                    KeySource::Derived(back) => unsafe { core.derive_pkeys(back, pkey_seed) },
                 }
                 if !weighted {
                     core.reserve(share);
@@ -269,6 +304,7 @@ impl Policy {
         Policy {
             shards,
             shift: 64 - count.trailing_zeros(),
+            pkey_seed,
         }
     }
 
@@ -307,6 +343,13 @@ impl Policy {
         all.sort_unstable_by_key(|r| std::cmp::Reverse(r.pref));
         all.truncate(n);
         all
+    }
+
+    /// The policy key of a key whose table hash is `hash`, where policy keys are derived
+    /// (see [`KeySource::Derived`]).
+    #[inline]
+    pub(crate) fn pkey_of_hash(&self, hash: u64) -> u64 {
+        pkey_of_hash(hash, self.pkey_seed)
     }
 
     /// The shard that tracks keys with policy key `pkey`.
@@ -398,7 +441,8 @@ mod tests {
     #[test]
     #[cfg_attr(miri, ignore = "sketches for 100,000 entries, no unsafe code")]
     fn shares_sum_to_the_capacity_and_a_weigher_keeps_one_shard() {
-        let p = Policy::new(100_003, 1, false, false);
+        // SAFETY: no function to call.
+        let p = unsafe { Policy::new(100_003, 1, false, KeySource::Indexed) };
         assert!(
             p.shards() >= 4,
             "100,003 entries on any machine: at least 4 shards"
@@ -409,6 +453,8 @@ mod tests {
             .map(|s| s.shard.lock().unwrap().0.max())
             .sum();
         assert_eq!(total, 100_003);
-        assert_eq!(Policy::new(100_003, 1, true, false).shards(), 1);
+        // SAFETY: as above.
+        let weighted = unsafe { Policy::new(100_003, 1, true, KeySource::Indexed) };
+        assert_eq!(weighted.shards(), 1);
     }
 }

@@ -51,7 +51,7 @@ use std::ptr::NonNull;
 use super::index::Index;
 use super::sketch::Sketch;
 use super::window::{Resize, Served, Sizer};
-use super::{EvictionPolicy, Link, DETACHED, UNREPORTED};
+use super::{pkey_of_hash, EvictionPolicy, Link, DETACHED, UNREPORTED};
 
 /// Bits of a record number in a list link; the bits above carry the record's region or
 /// flags (see `PNode`).
@@ -129,13 +129,14 @@ enum Region {
     Protected = 2,
 }
 
-/// A key's record: where it stands in the policy, and the node of its current write. Three
-/// words: the list links carry the region and the flags in their top bits, and the weight
-/// is kept beside the records only once a write weighs other than 1 (`Core::weights`).
+/// A key's record: where it stands in the policy, and the node of its current write. Two
+/// words: the list links carry the region and the flags in their top bits; the policy key
+/// is read from the node, or kept beside the records where the node cannot give it
+/// (`Keys`), and the weight is kept beside them only once a write weighs other than 1
+/// (`Core::weights`).
 #[derive(Debug, Clone)]
 struct PNode {
     node: Tracked,
-    pkey: u64,
     /// The previous record in the region's list (`NIL`: none) below `LINK_BITS`, the
     /// region above.
     back: u32,
@@ -146,10 +147,9 @@ struct PNode {
 
 impl PNode {
     /// A record of `node` in no list yet, with no flag.
-    fn new(node: Tracked, pkey: u64) -> Self {
+    fn new(node: Tracked) -> Self {
         PNode {
             node,
-            pkey,
             back: NIL,
             fore: NIL,
         }
@@ -239,6 +239,8 @@ fn stored_weight(weight: u64) -> u32 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Victim {
     pub(crate) node: Tracked,
+    /// Its policy key, by which the tests know their entries (the cache knows them by node).
+    #[cfg(test)]
     pub(crate) pkey: u64,
 }
 
@@ -268,9 +270,21 @@ pub(crate) struct Look {
 /// The cache's side of a look.
 pub(crate) type Probe<'a> = dyn FnMut(&Victim) -> Look + 'a;
 
+/// Where a record's policy key comes from.
+#[derive(Debug)]
+enum Keys {
+    /// Kept beside the records, by record number: keys the node cannot give (the shared
+    /// tier's, hashed from the key alike in every process), and the tests' own.
+    Stored(Vec<u64>),
+    /// Read from the record's node: the policy key of its table hash (`pkey_of_hash`),
+    /// which lies `back` bytes before the node's link.
+    Derived { back: usize, seed: u64 },
+}
+
 #[derive(Debug)]
 pub(crate) struct Core {
     nodes: Vec<PNode>,
+    keys: Keys,
     /// Each record's weight (at most `u32::MAX`: a weigher's answer, see `Write::weight`),
     /// by record number; `None` while every write has weighed 1, as without a weigher, and
     /// then a record at or past the end weighs 1 too.
@@ -307,6 +321,7 @@ impl Core {
     pub(crate) fn with_sketch(max: u64, sketched: u64, seed: u64) -> Self {
         let mut core = Core {
             nodes: Vec::new(),
+            keys: Keys::Stored(Vec::new()),
             weights: None,
             free: Vec::new(),
             index: None,
@@ -343,9 +358,45 @@ impl Core {
         self.lists.iter().map(|l| l.weight).sum()
     }
 
-    /// Keeps an index from policy key to record, for `find`.
+    /// Keeps an index from policy key to record, for `find` (the policy keys must be kept
+    /// beside the records, as they are unless `derive_pkeys` was called).
     pub(crate) fn index_by_pkey(&mut self) {
+        debug_assert!(matches!(self.keys, Keys::Stored(_)));
         self.index.get_or_insert_with(Index::default);
+    }
+
+    /// Reads each record's policy key from its node instead of keeping it: the table hash,
+    /// an initialised `u64` that lies `back` bytes before the link in every node reported
+    /// to this policy, through `pkey_of_hash` with `seed`. Only before the first write, and
+    /// without an index.
+    ///
+    /// # Safety
+    /// Every write reported to this policy has its table hash there, in the same
+    /// allocation as its link, with the provenance of its `Tracked`, and never written
+    /// while the node is live.
+    pub(crate) unsafe fn derive_pkeys(&mut self, back: usize, seed: u64) {
+        debug_assert!(self.nodes.is_empty() && self.index.is_none());
+        self.keys = Keys::Derived { back, seed };
+    }
+
+    /// Record `i`'s policy key.
+    #[inline]
+    fn pkey(&self, i: u32) -> u64 {
+        match &self.keys {
+            Keys::Stored(keys) => keys[i as usize],
+            Keys::Derived { back, seed } => {
+                // SAFETY: a record's node is live under the shard's lock ("Succession"), and
+                // its hash lies there, unchanging (`derive_pkeys`'s contract).
+                let hash = unsafe {
+                    self.nodes[i as usize]
+                        .node
+                        .byte_sub(*back)
+                        .cast::<u64>()
+                        .read()
+                };
+                pkey_of_hash(hash, *seed)
+            }
+        }
     }
 
     /// Reserves room for `entries` nodes, up to `RESERVE_MAX_BYTES`, if the memory can be had:
@@ -359,6 +410,9 @@ impl Core {
         let most = (RESERVE_MAX_BYTES / std::mem::size_of::<PNode>()) as u64;
         if let Ok(n) = usize::try_from(entries.saturating_add(1).min(most)) {
             let _ = self.nodes.try_reserve_exact(n);
+            if let Keys::Stored(keys) = &mut self.keys {
+                let _ = keys.try_reserve_exact(n);
+            }
         }
     }
 
@@ -396,7 +450,11 @@ impl Core {
             while i != NIL && n > 0 {
                 let node = &self.nodes[i as usize];
                 let (pending, hash) = look(node.node);
-                let score = (self.sketch.frequency(node.pkey) + pending, rank, position);
+                let score = (
+                    self.sketch.frequency(self.pkey(i)) + pending,
+                    rank,
+                    position,
+                );
                 kept.push(Reverse(Ranked {
                     pref: Ranked::preference(score, hottest),
                     hash,
@@ -458,7 +516,7 @@ impl Core {
     /// key.
     fn of_key(&mut self, inherited: Option<u32>, pkey: u64) -> Option<u32> {
         match inherited {
-            Some(i) if self.nodes[i as usize].pkey != pkey => {
+            Some(i) if self.pkey(i) != pkey => {
                 self.drop_record(i);
                 None
             }
@@ -491,8 +549,7 @@ impl Core {
 
     /// Records a new key. A shard holds fewer than `NIL` (2^30 - 1) records: each is a node
     /// in memory, and a billion of them would take a hundred gigabytes.
-    fn alloc(&mut self, node: PNode) -> u32 {
-        let pkey = node.pkey;
+    fn alloc(&mut self, node: PNode, pkey: u64) -> u32 {
         let i = match self.free.pop() {
             Some(i) => {
                 self.nodes[i as usize] = node;
@@ -507,9 +564,14 @@ impl Core {
                 (self.nodes.len() - 1) as u32
             }
         };
-        if let Some(index) = &mut self.index {
-            let nodes = &self.nodes;
-            index.insert(pkey, i, |i| nodes[i as usize].pkey);
+        if let Keys::Stored(keys) = &mut self.keys {
+            match keys.get_mut(i as usize) {
+                Some(k) => *k = pkey,
+                None => keys.push(pkey),
+            }
+            if let Some(index) = &mut self.index {
+                index.insert(pkey, i, |i| keys[i as usize]);
+            }
         }
         i
     }
@@ -517,7 +579,10 @@ impl Core {
     /// Lets go of record `i` (unlinked already).
     fn release(&mut self, i: u32) {
         if let Some(index) = &mut self.index {
-            let held = index.remove(self.nodes[i as usize].pkey, i);
+            let Keys::Stored(keys) = &self.keys else {
+                unreachable!("an index keeps its keys");
+            };
+            let held = index.remove(keys[i as usize], i);
             debug_assert!(held, "every record is indexed");
         }
         self.free.push(i);
@@ -610,9 +675,11 @@ impl Core {
     /// Looks at entry `i`: folds its hits into the sketch.
     fn look(&mut self, i: u32, probe: &mut Probe<'_>) -> Look {
         let look = probe(&self.victim(i));
-        let pkey = self.nodes[i as usize].pkey;
-        for _ in 0..look.hits {
-            self.sketch.increment(pkey);
+        if look.hits > 0 {
+            let pkey = self.pkey(i);
+            for _ in 0..look.hits {
+                self.sketch.increment(pkey);
+            }
         }
         look
     }
@@ -696,10 +763,10 @@ impl Core {
     }
 
     fn victim(&self, i: u32) -> Victim {
-        let n = &self.nodes[i as usize];
         Victim {
-            node: n.node,
-            pkey: n.pkey,
+            node: self.nodes[i as usize].node,
+            #[cfg(test)]
+            pkey: self.pkey(i),
         }
     }
 
@@ -724,16 +791,17 @@ impl Core {
     /// their misses overlap with the write's bookkeeping (see `prefetch.rs`).
     fn prefetch_duel(&self) {
         for region in [Region::Window, Region::Probation] {
-            if let Some(n) = self.nodes.get(self.lists[region as usize].head as usize) {
-                self.sketch.prefetch(n.pkey);
+            let head = self.lists[region as usize].head;
+            if head != NIL {
+                self.sketch.prefetch(self.pkey(head));
             }
         }
     }
 
     /// TinyLFU's admission: whether the candidate should replace the victim.
     fn admit(&mut self, candidate: u32, victim: u32) -> bool {
-        let c = self.sketch.frequency(self.nodes[candidate as usize].pkey);
-        let v = self.sketch.frequency(self.nodes[victim as usize].pkey);
+        let c = self.sketch.frequency(self.pkey(candidate));
+        let v = self.sketch.frequency(self.pkey(victim));
         let relaxed = self.nodes[victim as usize].unchallenged()
             && c >= UNCHALLENGED_MIN
             && self.lists[Region::Protected as usize].weight > 0;
@@ -822,7 +890,7 @@ impl Core {
                 } else {
                     // Back in place only to leave through `evict`'s bookkeeping.
                     self.push(c, Region::Probation);
-                    self.sizer.rejected(self.nodes[c as usize].pkey);
+                    self.sizer.rejected(self.pkey(c));
                     self.evict(c, out);
                     break;
                 }
@@ -934,7 +1002,7 @@ impl Core {
                 Took::Inherited(i)
             }
             None => {
-                let i = self.alloc(PNode::new(node, pkey));
+                let i = self.alloc(PNode::new(node), pkey);
                 self.set_weight(i, weight);
                 link.set_record(i);
                 self.push(i, Region::Window);
@@ -1023,8 +1091,10 @@ impl EvictionPolicy for Core {
     }
 
     fn find(&self, pkey: u64, wanted: &mut dyn FnMut(Tracked) -> bool) -> Option<Tracked> {
-        let nodes = &self.nodes;
-        let key_of = |i: u32| nodes[i as usize].pkey;
+        let (nodes, Keys::Stored(keys)) = (&self.nodes, &self.keys) else {
+            return None;
+        };
+        let key_of = |i: u32| keys[i as usize];
         let i = self
             .index
             .as_ref()?
@@ -1126,7 +1196,7 @@ mod tests {
                 let r = node.record();
                 assert!(r < DETACHED, "key {key} has no record");
                 assert_eq!(core.nodes[r as usize].node, tracked(node));
-                assert_eq!(core.nodes[r as usize].pkey, *key);
+                assert_eq!(core.pkey(r), *key);
             }
         }
     }
@@ -1183,6 +1253,120 @@ mod tests {
         assert!(
             words >= keys as usize,
             "{keys} keys held, a sketch of {words} words"
+        );
+    }
+
+    /// A node as the cache lays one out for a policy that reads keys from it: the table
+    /// hash, and the link.
+    #[repr(C)]
+    struct Hashed {
+        hash: u64,
+        link: Link,
+    }
+
+    fn tracked_in(node: &Hashed) -> Tracked {
+        // SAFETY: the link is a field of the node, at this offset.
+        unsafe {
+            NonNull::from(node)
+                .byte_add(std::mem::offset_of!(Hashed, link))
+                .cast()
+        }
+    }
+
+    /// A policy that reads each record's key from its node (as a cache without the shared
+    /// tier does) keeps, evicts and counts exactly as one told the same keys with each write
+    /// and keeping them: the key it reads is the one each write reported.
+    #[test]
+    fn a_policy_that_reads_its_keys_from_the_nodes_chooses_as_one_that_keeps_them() {
+        let seed = 0x5eed;
+        let mut kept = Core::new(40, 7);
+        let mut read = Core::new(40, 7);
+        // SAFETY: `Hashed` keeps its hash before its link, and `tracked_in` addresses the
+        // link from the whole node.
+        unsafe { read.derive_pkeys(std::mem::offset_of!(Hashed, link), seed) };
+        let mut links: HashMap<u64, Rc<Link>> = HashMap::new();
+        let mut nodes: HashMap<u64, Rc<Hashed>> = HashMap::new();
+        let mut gone: Vec<Rc<Hashed>> = Vec::new();
+        let mut hits: HashMap<u64, u8> = HashMap::new();
+        let writes = if cfg!(miri) { 300 } else { 3_000u64 };
+        for n in 0..writes {
+            // Keys 0..120, the lower ones more often, and every fifth write a hit.
+            let key = (n * n + 7 * n) % 120 % (1 + n % 120);
+            let pkey = pkey_of_hash(key, seed);
+            if n % 5 == 0 && nodes.contains_key(&key) {
+                let h = hits.entry(pkey).or_default();
+                *h = (*h + 1).min(3);
+                continue;
+            }
+            let link = Rc::new(Link::new());
+            let node = Rc::new(Hashed {
+                hash: key,
+                link: Link::new(),
+            });
+            let old_link = links.insert(pkey, Rc::clone(&link));
+            let old_node = nodes.insert(key, Rc::clone(&node));
+            let mut out = [Vec::new(), Vec::new()];
+            let mut looks = [Vec::new(), Vec::new()];
+            for (side, (core, write)) in [
+                (
+                    &mut kept,
+                    Write {
+                        pkey,
+                        node: tracked(&link),
+                        old: old_link.as_deref().map(tracked),
+                        weight: 1,
+                    },
+                ),
+                (
+                    &mut read,
+                    Write {
+                        pkey,
+                        node: tracked_in(&node),
+                        old: old_node.as_deref().map(tracked_in),
+                        weight: 1,
+                    },
+                ),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let seen = &mut looks[side];
+                let hits = hits.clone();
+                let mut probe = |v: &Victim| {
+                    seen.push(v.pkey);
+                    Look {
+                        hits: hits.get(&v.pkey).copied().unwrap_or(0),
+                        expired: false,
+                    }
+                };
+                // SAFETY: both nodes are live; the old one left the table just now.
+                unsafe { core.write(write, &mut out[side], &mut probe, &Requests::default) };
+            }
+            for looked in &looks[0] {
+                hits.remove(looked);
+            }
+            gone.extend(old_node);
+            let evicted = |out: &Vec<Victim>| out.iter().map(|v| v.pkey).collect::<Vec<_>>();
+            assert_eq!(looks[0], looks[1], "write {n}: the same entries looked at");
+            assert_eq!(
+                evicted(&out[0]),
+                evicted(&out[1]),
+                "write {n}: the same victims"
+            );
+            for v in &out[1] {
+                let key = nodes
+                    .iter()
+                    .find(|(_, h)| tracked_in(h) == v.node)
+                    .map(|(k, _)| *k);
+                gone.extend(key.and_then(|k| nodes.remove(&k)));
+                links.remove(&v.pkey);
+            }
+        }
+        assert_eq!(kept.len(), read.len());
+        assert!(
+            kept.len() <= 40 && kept.len() > 20,
+            "{} entries held",
+            kept.len()
         );
     }
 
@@ -1572,7 +1756,7 @@ mod tests {
         assert!(report(&mut core, 2, second, Some(first)).is_empty());
         assert_eq!(core.len(), 1, "the first write's record went with it");
         assert_eq!(first.record(), DETACHED);
-        assert_eq!(core.nodes[second.record() as usize].pkey, 2);
+        assert_eq!(core.pkey(second.record()), 2);
         assert_eq!(core.find(1, &mut |_| true), None);
         assert_eq!(core.find(2, &mut |_| true), Some(tracked(second)));
 
@@ -1652,9 +1836,11 @@ mod tests {
         assert_eq!(core.find(7, &mut |_| true), None);
     }
 
+    /// Two words per key beside the node: a cache without the shared tier keeps no policy
+    /// key in its records.
     #[test]
-    fn a_record_is_three_words() {
-        assert_eq!(std::mem::size_of::<PNode>(), 24);
+    fn a_record_is_two_words() {
+        assert_eq!(std::mem::size_of::<PNode>(), 16);
     }
 
     #[test]
