@@ -456,4 +456,84 @@ mod tests {
         }
         assert_eq!(drops.load(Ordering::Relaxed), 2 * per_thread as usize);
     }
+
+    /// A key whose `Hash` covers its salt and whose `Eq` ignores it.
+    #[derive(Debug)]
+    struct Salted(u64, u64);
+
+    impl std::hash::Hash for Salted {
+        fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+            state.write_u64(self.0);
+            state.write_u64(self.1);
+        }
+    }
+
+    impl PartialEq for Salted {
+        fn eq(&self, other: &Self) -> bool {
+            self.0 == other.0
+        }
+    }
+
+    impl Eq for Salted {}
+
+    /// A table hasher that keeps the first word written (a `Salted`'s id).
+    #[derive(Default)]
+    struct FirstWord(Option<u64>);
+
+    impl std::hash::Hasher for FirstWord {
+        fn finish(&self) -> u64 {
+            self.0.unwrap_or(0).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        }
+        fn write(&mut self, _: &[u8]) {
+            unreachable!("a `Salted` writes words");
+        }
+        fn write_u64(&mut self, n: u64) {
+            self.0.get_or_insert(n);
+        }
+    }
+
+    /// Policy keys hashed from the key, as the shared tier's are, can disagree with the table
+    /// about which writes are of one key: here the table matches a key's writes by id, and
+    /// the policy sees a new key, often in another shard, at each salt. The replaced write
+    /// is then reported removed and the new one is a new key, so the cache keeps its bound
+    /// and its policy weighs exactly what the table holds. (Without the tier, policy keys
+    /// derive from the table hash and cannot disagree with it; tests/user_code.rs covers
+    /// that.)
+    #[test]
+    #[cfg_attr(miri, ignore = "65,536 entries: too slow under Miri")]
+    fn policy_keys_that_disagree_with_the_table_keep_the_bound_and_the_policy_whole() {
+        // Large enough for several policy shards.
+        const CAP: u64 = 1 << 16;
+        crate::engine::STORED_PKEYS.with(|s| s.set(true));
+        let c: Cache<Salted, u64, _> = Cache::builder()
+            .max_capacity(CAP)
+            .hasher(std::hash::BuildHasherDefault::<FirstWord>::default())
+            .build()
+            .unwrap();
+        crate::engine::STORED_PKEYS.with(|s| s.set(false));
+        assert!(c.inner.policy_shards() > 1, "premise: several shards");
+        // The shared tier's invalidations find an entry by its last write's policy key.
+        #[cfg(feature = "redis")]
+        for id in 0..64 {
+            c.insert(Salted(id, 0), id);
+            c.insert(Salted(id, 1), id);
+            let pkey = c
+                .inner
+                .pkey_with(|| unreachable!("stored keys"), &Salted(id, 1));
+            assert!(c.inner.remove_by_pkey(pkey), "key {id} found by policy key");
+            assert_eq!(c.get(&Salted(id, 2)), None);
+        }
+        for id in 0..2 * CAP {
+            c.insert(Salted(id, 0), id);
+            c.insert(Salted(id, 1), id);
+            assert!(c.entry_count() <= CAP, "{} entries", c.entry_count());
+        }
+        assert_eq!(
+            c.weighted_size(),
+            c.entry_count(),
+            "the policy weighs exactly the entries the table holds"
+        );
+        c.invalidate_all();
+        assert_eq!((c.entry_count(), c.weighted_size()), (0, 0));
+    }
 }

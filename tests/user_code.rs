@@ -207,8 +207,10 @@ impl PartialEq for Salted {
 impl Eq for Salted {}
 
 /// A table hasher that keeps the first word written (a `Salted`'s id) and ignores the rest,
-/// so that the table finds a key's earlier write whatever its salt, while the eviction
-/// policy, which hashes the whole key, sees a new key at each salt.
+/// so that the table finds a key's earlier write whatever its salt. (The eviction policy's
+/// keys derive from the table hash without a shared tier, so it agrees with the table; with
+/// one, its keys hash the whole key and it sees a new key at each salt, which the library's
+/// `policy_keys_that_disagree_with_the_table_keep_the_bound_and_the_policy_whole` covers.)
 #[derive(Default, Clone)]
 struct FirstWord(Option<u64>);
 
@@ -228,7 +230,8 @@ impl Hasher for FirstWord {
 
 #[test]
 fn a_key_whose_hash_disagrees_with_its_eq_keeps_the_bound_and_the_policy_whole() {
-    // Large enough for several policy shards, so that a key's writes land in different ones.
+    // Large enough for several policy shards (where the policy's keys are the shared tier's,
+    // a key's writes land in different ones).
     const CAP: u64 = 1 << 16;
     let c: Cache<Salted, u64, _> = Cache::builder()
         .max_capacity(CAP)

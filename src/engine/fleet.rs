@@ -35,8 +35,8 @@ where
         value: Option<(&V, Option<u64>)>,
     ) -> Option<Written<'_>> {
         let tier = self.shared()?;
-        // Hashed only with a tier: its policy keys are hashed from the key, not the table hash.
-        let pkey = self.pkey(self.hash(named), named);
+        // Only with a tier, whose policy keys are hashed from the key (no table hash needed).
+        let pkey = self.pkey_with(|| self.hash(named), named);
         // Our own loads of the key in flight must not install what they read before this.
         let own = tier.coherence().begin_write(pkey);
         let count = self.counting();

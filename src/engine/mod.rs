@@ -167,10 +167,14 @@ where
         let by_pkey = false;
         let fixed = foldhash::fast::FixedState::with_seed(pkey_seed);
         let seed = fixed.hash_one(0x5eed_u64);
-        let (pkeys, keys) = if by_pkey {
-            (Some(fixed), KeySource::Indexed)
+        let (pkeys, keys) = if by_pkey || stored_pkeys_for_tests() {
+            (Some(fixed), KeySource::INDEXED)
         } else {
-            (None, KeySource::Derived(admit::hash_before_link::<K, V>()))
+            // SAFETY: a node's hash is written once, when it is made; `tracked` addresses the
+            // link from the whole node.
+            (None, unsafe {
+                KeySource::derived(admit::hash_before_link::<K, V>())
+            })
         };
         // A write at capacity replaces an entry: the table need not make room for more (a
         // weight is at least 1, so the capacity bounds the entries the policy tracks).
@@ -182,16 +186,12 @@ where
             })?;
         Ok(Engine {
             table,
-            // SAFETY: a node's hash is written once, when it is made; `tracked` addresses the
-            // link from the whole node.
-            policy: unsafe {
-                Policy::new(
-                    settings.max_capacity as u64,
-                    seed,
-                    hooks.weigher.is_some(),
-                    keys,
-                )
-            },
+            policy: Policy::new(
+                settings.max_capacity as u64,
+                seed,
+                hooks.weigher.is_some(),
+                keys,
+            ),
             pkeys,
             hooks,
             hasher,
@@ -217,12 +217,24 @@ where
         self.hasher.hash_one(key)
     }
 
+    /// Shards of the policy.
+    #[cfg(test)]
+    pub(crate) fn policy_shards(&self) -> usize {
+        self.policy.shards()
+    }
+
     /// The policy key of `key`, whose table hash is `hash` (any borrowed form hashes alike).
     #[inline]
     pub(crate) fn pkey<Q: Hash + ?Sized>(&self, hash: u64, key: &Q) -> u64 {
+        self.pkey_with(|| hash, key)
+    }
+
+    /// The policy key of `key`, whose table hash `hash` computes if it is needed.
+    #[inline]
+    pub(crate) fn pkey_with<Q: Hash + ?Sized>(&self, hash: impl FnOnce() -> u64, key: &Q) -> u64 {
         match &self.pkeys {
             Some(pkeys) => pkeys.hash_one(key),
-            None => self.policy.pkey_of_hash(hash),
+            None => self.policy.pkey_of_hash(hash()),
         }
     }
 
@@ -579,4 +591,24 @@ where
             })
             .collect()
     }
+}
+
+#[cfg(test)]
+std::thread_local! {
+    /// Makes the caches this thread builds keep their policy keys, hashed from the key as
+    /// with the shared tier, without one: only such keys can disagree with the table about
+    /// which writes are of one key (a `Hash` that disagrees with `Eq`), and the policy's
+    /// paths for that are tested through it.
+    pub(crate) static STORED_PKEYS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread's tests asked for stored policy keys (see `STORED_PKEYS`).
+#[cfg(test)]
+fn stored_pkeys_for_tests() -> bool {
+    STORED_PKEYS.with(std::cell::Cell::get)
+}
+
+#[cfg(not(test))]
+fn stored_pkeys_for_tests() -> bool {
+    false
 }

@@ -141,7 +141,7 @@ impl EntryState {
 }
 
 /// What the cache needs from an eviction policy. Entries are known by their node's
-/// [`Link`] ([`Tracked`]), keys by their policy key (a seeded 64-bit hash of the key).
+/// [`Link`] ([`Tracked`]), keys by their policy key (seeded per cache, see [`KeySource`]).
 ///
 /// # Safety
 /// The methods that take a `Tracked` are called under the lock of the entry's shard, by a
@@ -226,22 +226,34 @@ pub(crate) struct Policy {
     /// `64 - log2(shards)`: the policy key's top bits choose the shard (its low bits place it
     /// in the shard's index, and the sketch remixes it).
     shift: u32,
-    /// Seeds derived policy keys (see [`KeySource::Derived`]).
+    /// Seeds derived policy keys (see [`KeySource::derived`]).
     pkey_seed: u64,
 }
 
 type Shard = (tinylfu::Core, Vec<Victim>);
 
-/// Where the policy's records get their policy keys.
+/// Where the policy's records get their policy keys: `None`, every write comes with its
+/// policy key, which its record keeps, and the policy keeps an index by policy key (the
+/// shared tier's keys, hashed from the key alike in every process, which its broadcasts
+/// name, see [`EvictionPolicy::find`]); `Some(back)`, a record's policy key is
+/// [`Policy::pkey_of_hash`] of its node's table hash, a `u64` `back` bytes before the
+/// node's [`Link`] (see [`KeySource::derived`]).
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum KeySource {
-    /// Every write comes with its policy key, which its record keeps, and the policy keeps an
-    /// index by policy key: the shared tier's keys, hashed from the key alike in every
-    /// process, which its broadcasts name (see [`EvictionPolicy::find`]).
-    Indexed,
-    /// A record's policy key is [`Policy::pkey_of_hash`] of its node's table hash, a `u64`
-    /// this many bytes before the node's [`Link`].
-    Derived(usize),
+pub(crate) struct KeySource(Option<usize>);
+
+impl KeySource {
+    /// Policy keys kept beside the records, and indexed.
+    pub(crate) const INDEXED: KeySource = KeySource(None);
+
+    /// Policy keys read from the nodes: the table hash lies `back` bytes before the link.
+    ///
+    /// # Safety
+    /// Every write reported to the policy keeps its table hash there, initialised and
+    /// unchanging while the node is live, in the allocation its `Tracked` addresses with
+    /// the provenance of the whole node.
+    pub(crate) const unsafe fn derived(back: usize) -> KeySource {
+        KeySource(Some(back))
+    }
 }
 
 /// The policy key of a key whose table hash is `hash`, in a cache whose policy keys the
@@ -267,12 +279,7 @@ struct Locked {
 impl Policy {
     /// A policy for `max_weight` units, seeded for its sketches and its derived policy keys;
     /// `weighted`: a weigher is set; `keys`: where its records' policy keys come from.
-    ///
-    /// # Safety
-    /// With [`KeySource::Derived`], every write reported to the policy keeps its table hash
-    /// there, initialised and unchanging while the node is live, in the allocation its
-    /// `Tracked` addresses with the provenance of the whole node.
-    pub(crate) unsafe fn new(max_weight: u64, seed: u64, weighted: bool, keys: KeySource) -> Self {
+    pub(crate) fn new(max_weight: u64, seed: u64, weighted: bool, keys: KeySource) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let count = if weighted {
             1
@@ -287,10 +294,10 @@ impl Policy {
                 let share = max_weight / count as u64 + u64::from(i < max_weight % count as u64);
                 let sketched = share.min(SKETCH_MAX_ENTRIES / count as u64);
                 let mut core = tinylfu::Core::with_sketch(share, sketched, seed.wrapping_add(i));
-                match keys {
-                    KeySource::Indexed => core.index_by_pkey(),
-                    // SAFETY: the caller's contract.
-                    KeySource::Derived(back) => unsafe { core.derive_pkeys(back, pkey_seed) },
+                match keys.0 {
+                    None => core.index_by_pkey(),
+                    // SAFETY: `KeySource::derived`'s contract.
+                    Some(back) => unsafe { core.derive_pkeys(back, pkey_seed) },
                 }
                 if !weighted {
                     core.reserve(share);
@@ -346,7 +353,7 @@ impl Policy {
     }
 
     /// The policy key of a key whose table hash is `hash`, where policy keys are derived
-    /// (see [`KeySource::Derived`]).
+    /// (see [`KeySource::derived`]).
     #[inline]
     pub(crate) fn pkey_of_hash(&self, hash: u64) -> u64 {
         pkey_of_hash(hash, self.pkey_seed)
@@ -441,8 +448,7 @@ mod tests {
     #[test]
     #[cfg_attr(miri, ignore = "sketches for 100,000 entries, no unsafe code")]
     fn shares_sum_to_the_capacity_and_a_weigher_keeps_one_shard() {
-        // SAFETY: no function to call.
-        let p = unsafe { Policy::new(100_003, 1, false, KeySource::Indexed) };
+        let p = Policy::new(100_003, 1, false, KeySource::INDEXED);
         assert!(
             p.shards() >= 4,
             "100,003 entries on any machine: at least 4 shards"
@@ -453,8 +459,7 @@ mod tests {
             .map(|s| s.shard.lock().unwrap().0.max())
             .sum();
         assert_eq!(total, 100_003);
-        // SAFETY: as above.
-        let weighted = unsafe { Policy::new(100_003, 1, true, KeySource::Indexed) };
+        let weighted = Policy::new(100_003, 1, true, KeySource::INDEXED);
         assert_eq!(weighted.shards(), 1);
     }
 }

@@ -4,9 +4,10 @@
 //! Each key maps to four counters in one 64-byte block (eight `u64` words of sixteen
 //! counters), so an update touches one cache line. The sketch starts small and doubles as
 //! its policy tracks more keys, up to one word per entry of capacity: a cache configured for
-//! far more than it holds pays for the counters of what it holds. Keys are the policy's own 64-bit key hash
-//! (seeded per cache, independent of the user's hasher), remixed with a per-sketch seed:
-//! keys chosen to collide in the sketch cannot be found without knowing both seeds.
+//! far more than it holds pays for the counters of what it holds. Keys are the policy keys
+//! (seeded per cache: a bijection of the table hash, or the shared tier's hash of the key),
+//! remixed with a per-sketch seed: keys chosen to collide in the sketch cannot be found
+//! without knowing both seeds, unless their table hashes collide outright.
 
 use std::alloc::{alloc_zeroed, handle_alloc_error, Layout};
 

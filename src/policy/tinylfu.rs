@@ -1031,7 +1031,10 @@ impl EvictionPolicy for Core {
         served: &Served<'_>,
     ) {
         let (pkey, weight) = (write.pkey, write.weight);
-        self.prefetch_duel();
+        // A new key grows the window, which then most likely sends its oldest to a duel.
+        if write.old.is_none() {
+            self.prefetch_duel();
+        }
         // SAFETY: the caller's contract.
         let Some(took) = (unsafe { self.succeed(&write) }) else {
             return;
@@ -1092,6 +1095,7 @@ impl EvictionPolicy for Core {
 
     fn find(&self, pkey: u64, wanted: &mut dyn FnMut(Tracked) -> bool) -> Option<Tracked> {
         let (nodes, Keys::Stored(keys)) = (&self.nodes, &self.keys) else {
+            debug_assert!(false, "only a policy that keeps its keys is found by key");
             return None;
         };
         let key_of = |i: u32| keys[i as usize];
