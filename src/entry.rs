@@ -370,6 +370,18 @@ impl<V> Entry<V> {
     /// until its hard expiry.
     #[inline]
     pub(crate) fn live_value(&self, now: impl FnOnce() -> u64) -> Option<&V> {
+        self.live_value_in(true, now)
+    }
+
+    /// [`live_value`](Self::live_value) in a cache where an entry may have an expiry only if
+    /// `expiring`: without, a ready value in the common layout is live, and its expiry is not
+    /// read (the node's last word, on a second cache line for a quarter of the nodes).
+    #[inline]
+    pub(crate) fn live_value_in(&self, expiring: bool, now: impl FnOnce() -> u64) -> Option<&V> {
+        if self.policy.tag() == INLINE && !expiring {
+            // SAFETY: as in `inline`.
+            return Some(unsafe { &self.payload.ready.value });
+        }
         if let Some(r) = self.inline() {
             return r.live(now).then_some(r.value);
         }

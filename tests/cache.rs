@@ -122,6 +122,28 @@ fn per_entry_ttl_overrides_the_cache_ttl() {
     assert_eq!(c.get(&3), None);
 }
 
+/// A cache built without expiry reads no entry's expiry on a hit until some write gives one:
+/// from then on, every read looks.
+#[test]
+fn a_per_entry_ttl_in_a_cache_without_one_expires() {
+    let clock = ManualClock::new();
+    let c: Cache<u64, u64> = Cache::builder()
+        .max_capacity(10)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    c.insert(1, 1);
+    assert_eq!(c.get(&1), Some(1));
+    c.insert_with_ttl(2, 2, Duration::from_secs(1));
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(c.get(&2), None, "expired after its own TTL");
+    assert_eq!(c.pin().get(&2), None);
+    assert_eq!(c.get(&1), Some(1), "an entry without a TTL never expires");
+    c.insert_with_ttl(1, 3, Duration::from_secs(5));
+    clock.advance(Duration::from_secs(5));
+    assert_eq!(c.get(&1), None);
+}
+
 #[test]
 fn zero_and_huge_per_entry_ttls_do_not_panic() {
     let (c, clock) = ttl_cache(10, Duration::from_secs(10));

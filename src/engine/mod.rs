@@ -64,7 +64,7 @@ pub(crate) struct Engine<K, V, S> {
     /// loads (the table's root, the hasher) would be taken from the readers' cores each time.
     sweep: CachePadded<AtomicUsize>,
     /// Set (once) when the cache first holds an entry that can expire: from then on, writes
-    /// sweep (see sweep.rs).
+    /// sweep (see sweep.rs), and hits read an entry's expiry (`Entry::live_value_in`).
     expiring: AtomicBool,
     // Dropped last: dropping the domain frees this thread's handle, letting the collector
     // run the destructors of the entries retired above.
@@ -294,7 +294,12 @@ where
         now: impl Fn() -> u64,
         pinned: &Pinned<'_>,
     ) -> Option<&'g V> {
-        let value = entry.live_value(&now)?;
+        // Relaxed: a writer notes an expiry before it publishes the entry, which the caller
+        // found with an Acquire load (see `note_expiry`).
+        let value = entry.live_value_in(
+            self.expiring.load(std::sync::atomic::Ordering::Relaxed),
+            &now,
+        )?;
         // The entry's hit counter and, with a `time_to_idle`, its idle deadline: both test
         // before set.
         entry.policy.on_hit();
