@@ -5,19 +5,26 @@
 //! Run: `valgrind --tool=cachegrind --cache-sim=yes target/release/opcost --op insert
 //! --ops 200000`, then again with `--ops 400000`. Operations: `insert` (keys never seen,
 //! on a full cache of `--capacity` entries: each evicts), `get` (uniform hits over the
-//! keys the fill left resident, one `get` each), `get-or-load` (the same hits through the cache's loading
+//! keys the fill left resident, one `get` each), `read-batch` (the same hits read 1,024 at a
+//! time through the cache's batched read: one `pin()` for the batch in
+//! `herdcache (pin per batch)`, a `get` each elsewhere), `get-or-load` (the same hits through the cache's loading
 //! call: `get_with`, quick_cache's `get_or_insert_with`), `cache-aside` (`get`, and `insert` on a miss, Zipf(1.0)
 //! over 10x the capacity). Caches: `herdcache` (default), `herdcache (TTL)` (an hour's time to live: writes
-//! compute an expiry and sweep), `quick_cache`, `Mutex<LruCache>`.
+//! compute an expiry and sweep), `herdcache (pin per batch)`, `quick_cache`, `Mutex<LruCache>`.
 
 use std::hint::black_box;
 
 use herdcache_bench::args::{exit_usage, Flags};
-use herdcache_bench::caches::{BenchCache, Herdcache, HerdcacheTtl, MutexLru, QuickCache};
+use herdcache_bench::caches::{
+    BenchCache, Herdcache, HerdcachePinned, HerdcacheTtl, MutexLru, QuickCache,
+};
 use herdcache_bench::workload::{keys, Distribution};
 
-const USAGE: &str =
-    "opcost --op insert|get|get-or-load|cache-aside [--ops N] [--capacity N] [--cache NAME]";
+const USAGE: &str = "opcost --op insert|get|read-batch|get-or-load|cache-aside [--ops N] \
+     [--capacity N] [--cache NAME]";
+
+/// Reads per batch in `read-batch`: the throughput bench's.
+const BATCH: usize = 1_024;
 
 fn run<C: BenchCache>(op: &str, ops: usize, capacity: u64) {
     let cache = C::with_capacity(capacity as usize);
@@ -30,7 +37,7 @@ fn run<C: BenchCache>(op: &str, ops: usize, capacity: u64) {
         // Hits only: drawn from the keys the fill left resident (a cache at capacity may have
         // turned some away), so that no miss (for `get-or-load`, a load) skews the mean. The
         // look is setup, alike in both runs of a pair.
-        "get" | "get-or-load" => {
+        "get" | "read-batch" | "get-or-load" => {
             let resident: Vec<u64> = (0..capacity).filter(|&k| cache.get(k).is_some()).collect();
             keys(Distribution::Uniform, resident.len() as u64, ops, 1)
                 .into_iter()
@@ -50,6 +57,11 @@ fn run<C: BenchCache>(op: &str, ops: usize, capacity: u64) {
         "get" => {
             for &k in &seq {
                 found += u64::from(cache.get(k).is_some());
+            }
+        }
+        "read-batch" => {
+            for batch in seq.chunks(BATCH) {
+                found += cache.read_batch(batch);
             }
         }
         "get-or-load" => {
@@ -74,7 +86,7 @@ fn main() {
     let flags = Flags::parse(&["--op", "--ops", "--capacity", "--cache"], &[])
         .unwrap_or_else(|e| exit_usage(&e, USAGE));
     let op = flags.raw("--op").pop().unwrap_or_else(|| "insert".into());
-    if !["insert", "get", "get-or-load", "cache-aside"].contains(&op.as_str()) {
+    if !["insert", "get", "read-batch", "get-or-load", "cache-aside"].contains(&op.as_str()) {
         exit_usage(&format!("unknown operation {op:?}"), USAGE);
     }
     let ops: usize = flags
@@ -89,6 +101,7 @@ fn main() {
     match flags.raw("--cache").pop().as_deref().unwrap_or("herdcache") {
         "herdcache" => run::<Herdcache>(&op, ops, capacity),
         "herdcache (TTL)" => run::<HerdcacheTtl>(&op, ops, capacity),
+        "herdcache (pin per batch)" => run::<HerdcachePinned>(&op, ops, capacity),
         "quick_cache" => run::<QuickCache>(&op, ops, capacity),
         "Mutex<LruCache>" => run::<MutexLru>(&op, ops, capacity),
         other => exit_usage(&format!("unknown cache {other:?}"), USAGE),
