@@ -375,7 +375,8 @@ impl<V> Entry<V> {
 
     /// [`live_value`](Self::live_value) in a cache where an entry may have an expiry only if
     /// `expiring`: without, a ready value in the common layout is live, and its expiry is not
-    /// read (the node's last word, on a second cache line for a quarter of the nodes).
+    /// read (the node's last word: with 8-byte keys and values, on a second cache line for a
+    /// quarter of the nodes).
     #[inline]
     pub(crate) fn live_value_in(&self, expiring: bool, now: impl FnOnce() -> u64) -> Option<&V> {
         if self.policy.tag() == INLINE && !expiring {

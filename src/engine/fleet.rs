@@ -40,7 +40,8 @@ where
         Some(self.write_to(tier, named, key, value))
     }
 
-    /// `write_through` with the tier.
+    /// `write_through` with the tier (out of line, so that the test stays small).
+    #[inline(never)]
     fn write_to<'a, Q: Hash + ?Sized>(
         &'a self,
         tier: &'a crate::fleet::RedisTier<K, V>,

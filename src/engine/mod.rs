@@ -63,8 +63,11 @@ pub(crate) struct Engine<K, V, S> {
     /// every write of an expiring cache bumps it, and a line shared with what every read
     /// loads (the table's root, the hasher) would be taken from the readers' cores each time.
     sweep: CachePadded<AtomicUsize>,
-    /// Set (once) when the cache first holds an entry that can expire: from then on, writes
-    /// sweep (see sweep.rs), and hits read an entry's expiry (`Entry::live_value_in`).
+    /// Set from the start when the settings can give entries an expiry, else by the first
+    /// write of an entry that has one, before that entry is published; never cleared. While
+    /// it is clear, writes do not sweep (see sweep.rs) and hits read no entry's expiry
+    /// (`Entry::live_value_in`). An std atomic, not modelled under loom: a hit's Relaxed load
+    /// follows the Acquire load that found the entry, which the store precedes.
     expiring: AtomicBool,
     // Dropped last: dropping the domain frees this thread's handle, letting the collector
     // run the destructors of the entries retired above.
