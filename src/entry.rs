@@ -379,12 +379,8 @@ impl<V> Entry<V> {
     /// quarter of the nodes).
     #[inline]
     pub(crate) fn live_value_in(&self, expiring: bool, now: impl FnOnce() -> u64) -> Option<&V> {
-        if self.policy.tag() == INLINE && !expiring {
-            // SAFETY: as in `inline`.
-            return Some(unsafe { &self.payload.ready.value });
-        }
         if let Some(r) = self.inline() {
-            return r.live(now).then_some(r.value);
+            return (!expiring || r.live(now)).then_some(r.value);
         }
         match self.other_kind() {
             Kind::Ready(r) => r.live(now).then_some(r.value),

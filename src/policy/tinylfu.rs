@@ -274,8 +274,13 @@ pub(crate) type Probe<'a> = dyn FnMut(&Victim) -> Look + 'a;
 #[derive(Debug)]
 enum Keys {
     /// Kept beside the records, by record number: keys the node cannot give (the shared
-    /// tier's, hashed from the key alike in every process), and the tests' own.
-    Stored(Vec<u64>),
+    /// tier's, hashed from the key alike in every process), and the tests' own; with an
+    /// index from policy key to record where entries must be found by policy key (see
+    /// `EvictionPolicy::find`).
+    Stored {
+        keys: Vec<u64>,
+        index: Option<Index>,
+    },
     /// Read from the record's node: the policy key of its table hash (`pkey_of_hash`),
     /// which lies `back` bytes before the node's link.
     Derived { back: usize, seed: u64 },
@@ -290,9 +295,6 @@ pub(crate) struct Core {
     /// then a record at or past the end weighs 1 too.
     weights: Option<Vec<u32>>,
     free: Vec<u32>,
-    /// From policy key to record, only where entries must be found by policy key (see
-    /// `EvictionPolicy::find`).
-    index: Option<Index>,
     lists: [List; 3],
     sketch: Sketch,
     max: u64,
@@ -321,10 +323,12 @@ impl Core {
     pub(crate) fn with_sketch(max: u64, sketched: u64, seed: u64) -> Self {
         let mut core = Core {
             nodes: Vec::new(),
-            keys: Keys::Stored(Vec::new()),
+            keys: Keys::Stored {
+                keys: Vec::new(),
+                index: None,
+            },
             weights: None,
             free: Vec::new(),
-            index: None,
             lists: [List::default(); 3],
             sketch: Sketch::new(sketched.min(max) as usize, seed),
             max,
@@ -361,8 +365,10 @@ impl Core {
     /// Keeps an index from policy key to record, for `find` (the policy keys must be kept
     /// beside the records, as they are unless `derive_pkeys` was called).
     pub(crate) fn index_by_pkey(&mut self) {
-        debug_assert!(matches!(self.keys, Keys::Stored(_)));
-        self.index.get_or_insert_with(Index::default);
+        debug_assert!(matches!(self.keys, Keys::Stored { .. }));
+        if let Keys::Stored { index, .. } = &mut self.keys {
+            index.get_or_insert_with(Index::default);
+        }
     }
 
     /// Reads each record's policy key from its node instead of keeping it: the table hash,
@@ -375,7 +381,9 @@ impl Core {
     /// allocation as its link, with the provenance of its `Tracked`, and never written
     /// while the node is live.
     pub(crate) unsafe fn derive_pkeys(&mut self, back: usize, seed: u64) {
-        debug_assert!(self.nodes.is_empty() && self.index.is_none());
+        debug_assert!(
+            self.nodes.is_empty() && matches!(self.keys, Keys::Stored { index: None, .. })
+        );
         self.keys = Keys::Derived { back, seed };
     }
 
@@ -383,7 +391,7 @@ impl Core {
     #[inline]
     fn pkey(&self, i: u32) -> u64 {
         match &self.keys {
-            Keys::Stored(keys) => keys[i as usize],
+            Keys::Stored { keys, .. } => keys[i as usize],
             Keys::Derived { back, seed } => {
                 // SAFETY: a record's node is live under the shard's lock ("Succession"), and
                 // its hash lies there, unchanging (`derive_pkeys`'s contract).
@@ -410,7 +418,7 @@ impl Core {
         let most = (RESERVE_MAX_BYTES / std::mem::size_of::<PNode>()) as u64;
         if let Ok(n) = usize::try_from(entries.saturating_add(1).min(most)) {
             let _ = self.nodes.try_reserve_exact(n);
-            if let Keys::Stored(keys) = &mut self.keys {
+            if let Keys::Stored { keys, .. } = &mut self.keys {
                 let _ = keys.try_reserve_exact(n);
             }
         }
@@ -564,12 +572,12 @@ impl Core {
                 (self.nodes.len() - 1) as u32
             }
         };
-        if let Keys::Stored(keys) = &mut self.keys {
+        if let Keys::Stored { keys, index } = &mut self.keys {
             match keys.get_mut(i as usize) {
                 Some(k) => *k = pkey,
                 None => keys.push(pkey),
             }
-            if let Some(index) = &mut self.index {
+            if let Some(index) = index {
                 index.insert(pkey, i, |i| keys[i as usize]);
             }
         }
@@ -578,10 +586,11 @@ impl Core {
 
     /// Lets go of record `i` (unlinked already).
     fn release(&mut self, i: u32) {
-        if let Some(index) = &mut self.index {
-            let Keys::Stored(keys) = &self.keys else {
-                unreachable!("an index keeps its keys");
-            };
+        if let Keys::Stored {
+            keys,
+            index: Some(index),
+        } = &mut self.keys
+        {
             let held = index.remove(keys[i as usize], i);
             debug_assert!(held, "every record is indexed");
         }
@@ -1094,13 +1103,12 @@ impl EvictionPolicy for Core {
     }
 
     fn find(&self, pkey: u64, wanted: &mut dyn FnMut(Tracked) -> bool) -> Option<Tracked> {
-        let (nodes, Keys::Stored(keys)) = (&self.nodes, &self.keys) else {
+        let (nodes, Keys::Stored { keys, index }) = (&self.nodes, &self.keys) else {
             debug_assert!(false, "only a policy that keeps its keys is found by key");
             return None;
         };
         let key_of = |i: u32| keys[i as usize];
-        let i = self
-            .index
+        let i = index
             .as_ref()?
             .get(pkey, key_of, |i| wanted(nodes[i as usize].node))?;
         Some(nodes[i as usize].node)
@@ -1311,24 +1319,20 @@ mod tests {
             let old_node = nodes.insert(key, Rc::clone(&node));
             let mut out = [Vec::new(), Vec::new()];
             let mut looks = [Vec::new(), Vec::new()];
+            let write = |node, old| Write {
+                pkey,
+                node,
+                old,
+                weight: 1,
+            };
             for (side, (core, write)) in [
                 (
                     &mut kept,
-                    Write {
-                        pkey,
-                        node: tracked(&link),
-                        old: old_link.as_deref().map(tracked),
-                        weight: 1,
-                    },
+                    write(tracked(&link), old_link.as_deref().map(tracked)),
                 ),
                 (
                     &mut read,
-                    Write {
-                        pkey,
-                        node: tracked_in(&node),
-                        old: old_node.as_deref().map(tracked_in),
-                        weight: 1,
-                    },
+                    write(tracked_in(&node), old_node.as_deref().map(tracked_in)),
                 ),
             ]
             .into_iter()
