@@ -75,6 +75,13 @@ fn blocks_for(entries: usize) -> usize {
     (words / 8).max(1)
 }
 
+/// Increments between two halvings of counters sized for `entries` keys: `AGE_EVERY` per
+/// key, and at least as many as 128 keys make, so that a tiny cache's sketch is not halved
+/// before its counters tell keys apart.
+fn sample_for(entries: usize) -> usize {
+    entries.max(128).saturating_mul(AGE_EVERY)
+}
+
 fn mix(mut x: u64) -> u64 {
     // SplitMix64's finaliser.
     x ^= x >> 30;
@@ -104,7 +111,7 @@ impl Sketch {
             seed: mix(seed | 1),
             additions: 0,
             sample: 0,
-            full_sample: capacity.max(128).saturating_mul(AGE_EVERY),
+            full_sample: sample_for(capacity),
         };
         sketch.set_sample();
         sketch
@@ -117,7 +124,7 @@ impl Sketch {
         self.sample = if self.table.len() == self.max_blocks {
             self.full_sample
         } else {
-            (self.table.len() * 8).max(128).saturating_mul(AGE_EVERY)
+            sample_for(self.table.len() * 8)
         };
     }
 
