@@ -382,6 +382,14 @@ impl<V> Entry<V> {
         if let Some(r) = self.inline() {
             return (!expiring || r.live(now)).then_some(r.value);
         }
+        self.other_live_value(now)
+    }
+
+    /// [`live_value`](Self::live_value) for the layouts other than `INLINE`. Out of line, so
+    /// that the hit on an `INLINE` entry tests its tag with one compare instead of sharing a
+    /// jump table with the other layouts.
+    #[inline(never)]
+    fn other_live_value(&self, now: impl FnOnce() -> u64) -> Option<&V> {
         match self.other_kind() {
             Kind::Ready(r) => r.live(now).then_some(r.value),
             Kind::Loading(flight) => flight.serving(now),

@@ -300,6 +300,7 @@ impl CounterBlock {
         self.counts[LATENCY_MAX].fetch_max(nanos, Ordering::Relaxed);
     }
 
+    #[inline]
     fn bump_slot_owned(&self, slot: usize) {
         let a = &self.counts[slot];
         a.store(a.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
