@@ -11,8 +11,12 @@
 //!   zone), so the hits it finds at the cold end came inside the zone, and each such victim
 //!   counts one.
 //!
-//! Every `DECIDE_AFTER` units of evidence, a decision points toward the larger side, or
-//! nowhere on a tie. The window moves `STEP` of the capacity that way, unless the decision
+//! Once there are `DECIDE_AFTER` units of evidence, a decision points toward the larger
+//! side if it is larger by more than chance would make it (`SIGNIFICANT`), and waits for
+//! more evidence otherwise (up to `GIVE_UP_AFTER` units, then starts over). Where the window
+//! is near its best size the two sides balance, and a decision by majority would move it
+//! on chance: a walk that cannot go below nothing drifts up, and on a stationary workload
+//! it took the window far past its best size the longer the cache ran. The window moves `STEP` of the capacity that way, unless the decision
 //! before pointed the other way: then it waits for a second decision that agrees. Decisions
 //! are at least `DECIDE_EVERY` of the reach apart in new keys, so that a burst of correlated
 //! evidence (a run of rejected keys coming back together) counts once. Both signals come
@@ -83,6 +87,15 @@ struct Watch {
     /// The previous sample's hit ratio (none yet: negative).
     previous: f64,
 }
+
+/// Evidence decides only when its imbalance is this many standard deviations of the
+/// imbalance that chance gives equal odds (`gain - loss` against `sqrt(gain + loss)`): a
+/// decision by majority moves the window on noise where the two sides balance (see
+/// [`Sizer::new_key`]).
+const SIGNIFICANT: f64 = 2.0;
+/// Evidence still not significant at this many units is dropped: gathered over that many
+/// new keys, it says that the window is about right.
+const GIVE_UP_AFTER: f64 = 8.0 * DECIDE_AFTER;
 
 /// Ghost slots per unit of reach: with four, few rejections within reach share a slot. At
 /// most `MAX_SLOTS` (8 MiB): beyond about 8 million units of capacity the ghost forgets
@@ -191,16 +204,20 @@ impl Sizer {
         {
             return Resize::Keep;
         }
-        self.decided_at = self.clock;
         let (gain, loss) = (self.gain, self.loss);
-        self.gain = 0.0;
-        self.loss = 0.0;
-        if gain == loss {
-            // A tie is no evidence either way. Were it to shrink (or grow) the window, the
-            // window would settle where one side wins more than half of the decisions rather
-            // than where the two sides balance.
+        let (n, d) = (gain + loss, gain - loss);
+        if d * d < SIGNIFICANT * SIGNIFICANT * n {
+            // Not yet told apart from chance (a tie never is): more evidence may tell.
+            if n >= GIVE_UP_AFTER {
+                self.decided_at = self.clock;
+                self.gain = 0.0;
+                self.loss = 0.0;
+            }
             return Resize::Keep;
         }
+        self.decided_at = self.clock;
+        self.gain = 0.0;
+        self.loss = 0.0;
         let grow = gain > loss;
         let reverses = self.heading == Some(!grow);
         self.heading = Some(grow);
@@ -316,7 +333,7 @@ mod tests {
     }
 
     #[test]
-    fn a_tie_leaves_the_window_as_it_is_and_counts_for_neither_side() {
+    fn a_tie_or_a_slight_majority_leaves_the_window_as_it_is() {
         let mut s = Sizer::new(1_000);
         advance(&mut s, 1_000);
         let half = DECISION / 2;
@@ -326,9 +343,12 @@ mod tests {
         let decided = returns(&mut s, 0..half);
         assert!(decided.iter().all(|d| *d == Resize::Keep), "{decided:?}");
         advance(&mut s, 2_000);
-        // Had the tie's evidence been kept, these would make a decision.
-        let decided = returns(&mut s, 10..10 + half);
+        // Six gains against four losses: a majority, which chance gives often.
+        let decided = returns(&mut s, 10..12);
         assert!(decided.iter().all(|d| *d == Resize::Keep), "{decided:?}");
+        // More gains decide once the imbalance is significant: twelve against four.
+        let decided = returns(&mut s, 20..30);
+        assert!(decided.contains(&Resize::Grow(10)), "{decided:?}");
     }
 
     #[test]
@@ -364,6 +384,43 @@ mod tests {
                 Keep,
                 Shrink(10)
             ]
+        );
+    }
+
+    /// On a workload whose best window is where the sizer stands, the evidence balances and
+    /// decisions fall either way by chance; the window must not wander on them (it could
+    /// not come back below nothing, so it would drift large and the cache towards LRU).
+    #[test]
+    fn evidence_that_balances_leaves_the_window_near_where_it_was() {
+        let mut s = Sizer::new(1_000); // reach 31, step 10
+        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+        // Where the window stands, in steps from its start; it cannot go below the
+        // start's distance from nothing, one step here.
+        let (mut at, mut farthest, mut moves) = (0i64, 0i64, 0);
+        for k in 0..40_000u64 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let decided = if rng & 1 == 0 {
+                s.rejected(key(k));
+                s.new_key(key(k), 1, &idle)
+            } else {
+                s.cold_hit();
+                s.new_key(key(k), 1, &idle)
+            };
+            match decided {
+                Resize::Grow(_) => at += 1,
+                Resize::Shrink(_) => at = (at - 1).max(-1),
+                _ => continue,
+            }
+            moves += 1;
+            farthest = farthest.max(at);
+        }
+        // A decision by majority, as the sizer made them before, moved 1,253 times here and
+        // took the window 40 steps up.
+        assert!(
+            moves <= 200 && farthest <= 12,
+            "{moves} moves on balanced evidence took the window {farthest} steps up"
         );
     }
 
