@@ -16,8 +16,9 @@
 //! more evidence otherwise (up to `GIVE_UP_AFTER` units, then starts over). Where the window
 //! is near its best size the two sides balance, and a decision by majority would move it
 //! on chance: a walk that cannot go below nothing drifts up, and on a stationary workload
-//! it took the window far past its best size the longer the cache ran. The window moves `STEP` of the capacity that way, unless the decision
-//! before pointed the other way: then it waits for a second decision that agrees. Decisions
+//! it took the window far past its best size the longer the cache ran. The window moves
+//! `STEP` of the capacity that way, unless the decision before pointed the other way: then
+//! it waits for a second decision that agrees. Decisions
 //! are at least `DECIDE_EVERY` of the reach apart in new keys, so that a burst of correlated
 //! evidence (a run of rejected keys coming back together) counts once. Both signals come
 //! from writes and looks the policy makes anyway, so the sizer adds nothing to hits. It
@@ -209,15 +210,11 @@ impl Sizer {
         if d * d < SIGNIFICANT * SIGNIFICANT * n {
             // Not yet told apart from chance (a tie never is): more evidence may tell.
             if n >= GIVE_UP_AFTER {
-                self.decided_at = self.clock;
-                self.gain = 0.0;
-                self.loss = 0.0;
+                self.start_evidence();
             }
             return Resize::Keep;
         }
-        self.decided_at = self.clock;
-        self.gain = 0.0;
-        self.loss = 0.0;
+        self.start_evidence();
         let grow = gain > loss;
         let reverses = self.heading == Some(!grow);
         self.heading = Some(grow);
@@ -231,6 +228,14 @@ impl Sizer {
         } else {
             Resize::Shrink(self.step)
         }
+    }
+
+    /// Drops the evidence gathered so far: the next decision weighs only what comes after
+    /// now, and waits `DECIDE_EVERY` of the reach in new keys.
+    fn start_evidence(&mut self) {
+        self.decided_at = self.clock;
+        self.gain = 0.0;
+        self.loss = 0.0;
     }
 
     /// Whether the sample that just ended hit far less than the one before.
@@ -401,14 +406,12 @@ mod tests {
             rng ^= rng << 13;
             rng ^= rng >> 7;
             rng ^= rng << 17;
-            let decided = if rng & 1 == 0 {
+            if rng & 1 == 0 {
                 s.rejected(key(k));
-                s.new_key(key(k), 1, &idle)
             } else {
                 s.cold_hit();
-                s.new_key(key(k), 1, &idle)
-            };
-            match decided {
+            }
+            match s.new_key(key(k), 1, &idle) {
                 Resize::Grow(_) => at += 1,
                 Resize::Shrink(_) => at = (at - 1).max(-1),
                 _ => continue,
