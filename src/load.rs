@@ -750,6 +750,24 @@ where
     where
         E: Send + Sync + 'static,
     {
+        let out = Self::settle(&mut lead, started, result, keep);
+        // The lead goes first, while `out` is still a local: its key's and its flight's
+        // values' drops are user code, and a panic there would leak a return value already
+        // built (rust-lang/rust#47949), where it drops a local.
+        drop(lead);
+        out
+    }
+
+    /// `conclude_at`'s work: the table and the flight settled with `result`.
+    fn settle<E>(
+        lead: &mut Lead<K, V, S>,
+        started: u64,
+        result: Result<V, E>,
+        keep: Keep,
+    ) -> Result<V, LoadError<E>>
+    where
+        E: Send + Sync + 'static,
+    {
         let cache = lead.cache.clone();
         let finished = cache.inner.now();
         // The publication's reading (see `Engine::once_now`), taken when first needed: after
@@ -1018,13 +1036,16 @@ where
             self.finished = true;
             self.cache.time_out(&self.key, self.hash, &self.flight);
         }
-        match self.flight.result() {
+        let out = match self.flight.result() {
             Some(FlightResult::Value(v)) => Ok(v.clone()),
             _ => self
                 .cache
                 .fallback(&self.flight)
                 .ok_or(LoadError::LoadTimedOut),
-        }
+        };
+        // Before `out` is returned, as in `conclude_at`.
+        drop(self);
+        out
     }
 }
 

@@ -609,3 +609,161 @@ fn a_value_whose_drop_writes_to_its_cache_never_deadlocks_a_writer() {
     }
     assert!(cache.entry_count() <= 2_000);
 }
+
+/// Runs `scenario` in a child process (this test binary, filtered to `test`), so that an
+/// abort, which would take the whole test binary down, is reported as this test's failure.
+fn in_child_process(test: &str, scenario: impl FnOnce()) {
+    const CHILD: &str = "HERDCACHE_USER_CODE_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        scenario();
+        return;
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let out = std::process::Command::new(exe)
+        .args([test, "--exact", "--test-threads=1", "--nocapture"])
+        .env(CHILD, "1")
+        .output()
+        .expect("the child test process starts");
+    assert!(
+        out.status.success(),
+        "the scenario's process ended with {:?}:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A key whose `Drop` panics once after it is armed; its clones share the switch.
+#[derive(Debug, Clone)]
+struct ArmedKey {
+    id: u64,
+    armed: Arc<AtomicBool>,
+}
+
+impl Hash for ArmedKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
+    }
+}
+impl PartialEq for ArmedKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+impl Eq for ArmedKey {}
+
+impl Drop for ArmedKey {
+    fn drop(&mut self) {
+        if self.armed.swap(false, Ordering::SeqCst) {
+            panic!("user code: key Drop");
+        }
+    }
+}
+
+/// A value that counts how many of it were made (clones included) and dropped, and whose
+/// `Drop` panics if `drop_panics`.
+#[derive(Debug)]
+struct Counted {
+    made: Arc<AtomicUsize>,
+    drops: Arc<AtomicUsize>,
+    drop_panics: bool,
+}
+
+impl Counted {
+    fn new(made: &Arc<AtomicUsize>, drops: &Arc<AtomicUsize>) -> Self {
+        made.fetch_add(1, Ordering::SeqCst);
+        Counted {
+            made: Arc::clone(made),
+            drops: Arc::clone(drops),
+            drop_panics: false,
+        }
+    }
+}
+
+impl Clone for Counted {
+    fn clone(&self) -> Self {
+        Counted::new(&self.made, &self.drops)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.drops.fetch_add(1, Ordering::SeqCst);
+        // Even while unwinding: a destructor cannot know how it is being run.
+        if self.drop_panics {
+            panic!("user code: value Drop");
+        }
+    }
+}
+
+#[test]
+fn a_key_whose_drop_panics_after_a_load_leaks_no_value() {
+    quietly(|| {
+        let (made, drops) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let c: Cache<ArmedKey, Counted> = Cache::builder().max_capacity(10).build().unwrap();
+        let armed = Arc::new(AtomicBool::new(false));
+        let k = ArmedKey {
+            id: 1,
+            armed: Arc::clone(&armed),
+        };
+        // The first key dropped once the load has its value is the leader's own copy, at the
+        // end of the load: its panic reaches this call, and the value it was returning must
+        // still be dropped (rust-lang/rust#47949 leaks a return value built before a local's
+        // drop panics).
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            c.get_or_load(&k, |_| {
+                armed.store(true, Ordering::SeqCst);
+                Ok::<_, ()>(Counted::new(&made, &drops))
+            })
+        }));
+        assert!(
+            r.is_err() || !armed.load(Ordering::SeqCst),
+            "the key's drop ran"
+        );
+        drop(r);
+        drop(c);
+        assert_eq!(
+            drops.load(Ordering::SeqCst),
+            made.load(Ordering::SeqCst),
+            "every value made was dropped"
+        );
+    });
+}
+
+#[test]
+fn a_key_and_a_value_whose_drops_both_panic_do_not_abort() {
+    in_child_process(
+        "a_key_and_a_value_whose_drops_both_panic_do_not_abort",
+        || {
+            quietly(|| {
+                let (made, drops) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+                let c: Cache<ArmedKey, Counted> = Cache::builder().max_capacity(1).build().unwrap();
+                let armed = Arc::new(AtomicBool::new(false));
+                let mut v = Counted::new(&made, &drops);
+                v.drop_panics = true;
+                c.insert(
+                    ArmedKey {
+                        id: 1,
+                        armed: Arc::clone(&armed),
+                    },
+                    v,
+                );
+                armed.store(true, Ordering::SeqCst);
+                // The entry is evicted and freed, in some later collection or with the cache:
+                // its key's and its value's drops both panic, which must not abort.
+                for id in 2..200 {
+                    let _ = catch_unwind(AssertUnwindSafe(|| {
+                        c.insert(
+                            ArmedKey {
+                                id,
+                                armed: Arc::default(),
+                            },
+                            Counted::new(&made, &drops),
+                        )
+                    }));
+                }
+                let _ = catch_unwind(AssertUnwindSafe(|| drop(c)));
+                assert_eq!(drops.load(Ordering::SeqCst), made.load(Ordering::SeqCst));
+            })
+        },
+    );
+}

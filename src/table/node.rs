@@ -54,7 +54,9 @@ impl<K, V> Node<K, V> {
 
     /// Drops the node in place and frees or pools its memory. A panic in `K`'s or `V`'s
     /// `Drop` is contained (see `retire` in `table/mod.rs`), and the memory is released even
-    /// if dropping the panic's payload panics in turn.
+    /// if dropping the panic's payload panics in turn. The key and the value are dropped
+    /// apart, each under its own `catch_unwind`: dropped together, a value whose `Drop`
+    /// panicked while the key's panic unwound would abort the process.
     ///
     /// # Safety
     /// `node` was allocated as a `Box` of the node (by [`Node::owned`] or `Owned::new`), is
@@ -78,8 +80,13 @@ impl<K, V> Node<K, V> {
             Layout::new::<Self>(),
         );
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            // SAFETY: valid and exclusively ours (the caller's contract); dropped once.
-            unsafe { std::ptr::drop_in_place(node) }
+            // SAFETY: valid and exclusively ours (the caller's contract); the key is dropped
+            // once, here.
+            unsafe { std::ptr::drop_in_place(std::ptr::addr_of_mut!((*node).key)) }
+        }));
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // SAFETY: as for the key (and `hash` has no destructor).
+            unsafe { std::ptr::drop_in_place(std::ptr::addr_of_mut!((*node).value)) }
         }));
     }
 }
