@@ -3,86 +3,77 @@
 //! cancelled at it.
 //!
 //! One thread per process, started the first time a future needs a wake-up (so only by
-//! caches with a `load_timeout`), keeps the pending wake-ups in a heap ordered by instant and
-//! sleeps on a condition variable until the earliest. A [`Sleep`] registers once and updates
-//! its waker on later polls; dropping it clears the waker, and the thread discards the spent
-//! registration when its instant comes. So the heap holds at most one registration per live
-//! or recently dropped `Sleep`, each gone by its instant.
+//! caches with a `load_timeout`), keeps the pending wake-ups in a map ordered by instant and
+//! sleeps on a condition variable until the earliest. A [`Sleep`] registers once, when it is
+//! first polled before its instant, and updates its waker on later polls; dropping it takes
+//! its registration out of the map. So the map holds exactly the registrations of live
+//! `Sleep`s that are still to fire: memory follows the loads in flight, not how many loads
+//! there have been, however long their deadlines.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
-/// One registered wake-up.
+/// One registered wake-up: the waker of the `Sleep`'s latest poll, taken when it fires.
 struct Registration {
     waker: Mutex<Option<Waker>>,
 }
 
-struct Entry {
-    at: Instant,
-    seq: u64,
-    registration: Arc<Registration>,
-}
-
-impl PartialEq for Entry {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
-    }
-}
-impl Eq for Entry {}
-impl PartialOrd for Entry {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Entry {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.at, self.seq).cmp(&(other.at, other.seq))
-    }
-}
+/// A registration's place in the map: its instant, then the order of registration.
+type Slot = (Instant, u64);
 
 #[derive(Default)]
-struct Heap {
-    entries: BinaryHeap<Reverse<Entry>>,
+struct Pending {
+    by_instant: BTreeMap<Slot, Arc<Registration>>,
     seq: u64,
 }
 
-struct Timer {
-    heap: Mutex<Heap>,
+/// The wake-ups of the process (a test may run one of its own).
+pub(crate) struct Timer {
+    pending: Mutex<Pending>,
     changed: Condvar,
 }
 
+/// The process's timer, its thread started on first use.
 fn timer() -> &'static Timer {
     static TIMER: OnceLock<&'static Timer> = OnceLock::new();
-    TIMER.get_or_init(|| {
+    TIMER.get_or_init(|| Timer::start().expect("herdcache: cannot start its timer thread"))
+}
+
+impl Timer {
+    /// A timer with a thread of its own that runs for the rest of the process.
+    fn start() -> std::io::Result<&'static Timer> {
         let t: &'static Timer = Box::leak(Box::new(Timer {
-            heap: Mutex::new(Heap::default()),
+            pending: Mutex::new(Pending::default()),
             changed: Condvar::new(),
         }));
         std::thread::Builder::new()
             .name("herdcache-timer".into())
-            .spawn(move || t.run())
-            .expect("herdcache: cannot start its timer thread");
-        t
-    })
-}
+            .spawn(move || t.run())?;
+        Ok(t)
+    }
 
-impl Timer {
+    fn lock(&self) -> MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn run(&self) {
-        let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pending = self.lock();
         loop {
             let now = Instant::now();
             let mut due = Vec::new();
-            while heap.entries.peek().is_some_and(|e| e.0.at <= now) {
-                due.push(heap.entries.pop().expect("peeked").0.registration);
+            while let Some(entry) = pending.by_instant.first_entry() {
+                if entry.key().0 > now {
+                    break;
+                }
+                due.push(entry.remove());
             }
             if !due.is_empty() {
-                // Wakers run executor code: never under the heap's lock.
-                drop(heap);
+                // Wakers run executor code: never under the map's lock.
+                drop(pending);
                 for r in due {
                     let waker = r.waker.lock().unwrap_or_else(|e| e.into_inner()).take();
                     if let Some(w) = waker {
@@ -91,14 +82,17 @@ impl Timer {
                         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.wake()));
                     }
                 }
-                heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
+                pending = self.lock();
                 continue;
             }
-            heap = match heap.entries.peek().map(|e| e.0.at) {
-                None => self.changed.wait(heap).unwrap_or_else(|e| e.into_inner()),
+            pending = match pending.by_instant.first_key_value().map(|(slot, _)| slot.0) {
+                None => self
+                    .changed
+                    .wait(pending)
+                    .unwrap_or_else(|e| e.into_inner()),
                 Some(at) => {
                     self.changed
-                        .wait_timeout(heap, at.saturating_duration_since(now))
+                        .wait_timeout(pending, at.saturating_duration_since(now))
                         .unwrap_or_else(|e| e.into_inner())
                         .0
                 }
@@ -106,33 +100,54 @@ impl Timer {
         }
     }
 
-    fn register(&self, at: Instant, registration: Arc<Registration>) {
-        let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
-        heap.seq += 1;
-        let seq = heap.seq;
-        let earliest = heap.entries.peek().is_none_or(|e| at < e.0.at);
-        heap.entries.push(Reverse(Entry {
-            at,
-            seq,
-            registration,
-        }));
+    /// Registers a wake-up at `at`; returns its place, to cancel it with.
+    fn register(&self, at: Instant, registration: Arc<Registration>) -> Slot {
+        let mut pending = self.lock();
+        pending.seq += 1;
+        let slot = (at, pending.seq);
+        let earliest = pending
+            .by_instant
+            .first_key_value()
+            .is_none_or(|(first, _)| slot < *first);
+        pending.by_instant.insert(slot, registration);
         if earliest {
             self.changed.notify_one();
         }
+        slot
+    }
+
+    /// Takes a registration out (its `Sleep` was dropped), if it has not fired yet.
+    fn cancel(&self, slot: Slot) {
+        let gone = self.lock().by_instant.remove(&slot);
+        // Dropped outside the lock: it may hold the last reference to a waker.
+        drop(gone);
+    }
+
+    /// Registrations waiting to fire.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().by_instant.len()
     }
 }
 
 /// A future that completes at `at`.
 pub(crate) struct Sleep {
     at: Instant,
-    registration: Option<Arc<Registration>>,
+    registration: Option<(Arc<Registration>, Slot)>,
+    timer: fn() -> &'static Timer,
 }
 
 impl Sleep {
     pub(crate) fn until(at: Instant) -> Self {
+        Self::on(timer, at)
+    }
+
+    /// A sleep on the timer `timer` returns.
+    fn on(timer: fn() -> &'static Timer, at: Instant) -> Self {
         Sleep {
             at,
             registration: None,
+            timer,
         }
     }
 
@@ -151,7 +166,7 @@ impl Future for Sleep {
             return Poll::Ready(());
         }
         match &this.registration {
-            Some(r) => {
+            Some((r, _)) => {
                 let mut w = r.waker.lock().unwrap_or_else(|e| e.into_inner());
                 match &*w {
                     Some(old) if old.will_wake(cx.waker()) => {}
@@ -164,8 +179,8 @@ impl Future for Sleep {
                 let r = Arc::new(Registration {
                     waker: Mutex::new(Some(cx.waker().clone())),
                 });
-                timer().register(this.at, Arc::clone(&r));
-                this.registration = Some(r);
+                let slot = (this.timer)().register(this.at, Arc::clone(&r));
+                this.registration = Some((r, slot));
             }
         }
         // The thread may have fired (taking the waker) before we stored ours: check again,
@@ -179,8 +194,8 @@ impl Future for Sleep {
 
 impl Drop for Sleep {
     fn drop(&mut self) {
-        if let Some(r) = &self.registration {
-            drop(r.waker.lock().unwrap_or_else(|e| e.into_inner()).take());
+        if let Some((_, slot)) = self.registration.take() {
+            (self.timer)().cancel(slot);
         }
     }
 }
@@ -245,6 +260,33 @@ mod tests {
         }
         assert!(Instant::now() >= at);
         assert!(Pin::new(&mut sleep).poll(&mut cx).is_ready());
+    }
+
+    /// A timer of the test's own, so that other tests' sleeps do not count.
+    fn own_timer() -> &'static Timer {
+        static OWN: OnceLock<&'static Timer> = OnceLock::new();
+        OWN.get_or_init(|| Timer::start().expect("a timer thread"))
+    }
+
+    #[test]
+    fn a_dropped_sleep_leaves_nothing_registered() {
+        let count = Arc::new(Count(AtomicUsize::new(0), std::thread::current()));
+        let waker = Waker::from(Arc::clone(&count));
+        let mut cx = Context::from_waker(&waker);
+        // Loads with an hour's `load_timeout` that end at once: their deadlines are far off,
+        // and none of them may stay behind in the timer.
+        let at = Instant::now() + Duration::from_secs(3600);
+        for _ in 0..10_000 {
+            let mut sleep = Sleep::on(own_timer, at);
+            assert!(Pin::new(&mut sleep).poll(&mut cx).is_pending());
+            drop(sleep);
+        }
+        assert_eq!(own_timer().len(), 0, "registrations outlived their sleeps");
+        let mut live = Sleep::on(own_timer, at);
+        assert!(Pin::new(&mut live).poll(&mut cx).is_pending());
+        assert_eq!(own_timer().len(), 1);
+        drop(live);
+        assert_eq!(own_timer().len(), 0);
     }
 
     #[test]
