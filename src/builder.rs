@@ -308,6 +308,10 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     /// getting the current value until its hard expiry (optional; must be shorter than
     /// `time_to_live` when that is set).
     ///
+    /// A key read at least once per soft TTL is loaded once per soft TTL: with a soft TTL of
+    /// half the TTL, twice per TTL. (For fewer loads per TTL on hot keys, see
+    /// [`xfetch`](Self::xfetch).)
+    ///
     /// ```
     /// use std::time::Duration;
     /// let clock = herdcache::ManualClock::new();
@@ -338,9 +342,11 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     /// `exp(-d / (delta * beta))`, so at `R` reads a second the first refresh comes about
     /// `delta * beta * ln(R * delta * beta)` before the expiry: hotter keys, slower loads and
     /// larger betas refresh earlier. It never comes more than `delta + ttl / 5` before the
-    /// expiry, so however hot the key and whatever the beta, it is loaded at most about 1.25
-    /// times per TTL (for example 20k reads/s, 20 ms loads and a 250 ms TTL: unbounded, beta 2
-    /// would start a refresh about 0.37 s ahead, longer than the TTL itself).
+    /// expiry, nor before 4/5 of a TTL after the previous load of the key started, so however
+    /// hot the key, whatever the beta and however far a slow load has raised `delta`, it is
+    /// loaded at most about 1.25 times per TTL (for example 20k reads/s, 20 ms loads and a
+    /// 250 ms TTL: unbounded, beta 2 would start a refresh about 0.37 s ahead, longer than
+    /// the TTL itself).
     ///
     /// ```
     /// use std::time::Duration;

@@ -461,7 +461,17 @@ mod tests {
     #[test]
     fn each_layout_keeps_its_expiry_idle_deadline_and_plan() {
         let unit = 1u64 << crate::clock::IDLE_SHIFT;
-        let plan = || crate::refresh::RefreshSettings::default().state(0, 50 * unit, 7, 2);
+        let plan = || {
+            crate::refresh::RefreshSettings::default().state(
+                0,
+                50 * unit,
+                crate::refresh::LoadRecord {
+                    delta: 7,
+                    took: 7,
+                    failures: 2,
+                },
+            )
+        };
         let idle = || Some(Idle::new(0, 3));
         for (ttl, refresh, idle, idles, planned) in [
             (true, None, None, false, false),
@@ -502,7 +512,7 @@ mod tests {
     #[test]
     fn a_value_that_can_idle_out_never_has_the_expiry_never() {
         let unit = 1u64 << crate::clock::IDLE_SHIFT;
-        let plan = crate::refresh::RefreshSettings::default().state(0, NEVER, 0, 0);
+        let plan = crate::refresh::RefreshSettings::default().state(0, NEVER, Default::default());
         for refresh in [None, Some(plan)] {
             let entry = Entry::ready(0, 1u64, NEVER, refresh, Some(Idle::new(0, 1)));
             let Kind::Ready(r) = entry.kind() else {

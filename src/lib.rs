@@ -131,8 +131,9 @@
 //!   uniform in (0, 1] from a per-thread RNG). Far from expiry a hit pays one comparison. At
 //!   R reads a second the first refresh comes about `delta * beta * ln(R * delta * beta)`
 //!   before the expiry, so hotter keys refresh earlier; it never comes before
-//!   `expiry - delta - ttl / 5`, so a key is loaded at most about 1.25 times per TTL however
-//!   hot it is and whatever the beta.
+//!   `expiry - delta - ttl / 5`, nor before 4/5 of a TTL after the previous load started, so
+//!   a key is loaded at most about 1.25 times per TTL however hot it is, whatever the beta,
+//!   and however far one slow load has raised the estimate `delta`.
 //! - [`refresh_after(soft_ttl)`](CacheBuilder::refresh_after): stale-while-revalidate. After
 //!   the soft TTL the next `get_or_load` refreshes; the hard TTL still bounds staleness.
 //! - [`stale_if_error(true)`](CacheBuilder::stale_if_error): a failed refresh keeps the old

@@ -23,7 +23,7 @@ use crate::clock::OnceNow;
 use crate::entry::{expiry_after, Entry, Kind, NEVER};
 use crate::flight::{Flight, FlightResult, Keep, Start};
 use crate::pacing::Permit;
-use crate::refresh::RefreshState;
+use crate::refresh::{LoadRecord, RefreshState};
 use crate::stats::Counter;
 use crate::table::Node;
 use crate::trace::trace_event;
@@ -476,8 +476,17 @@ where
     ) -> Entry<V> {
         let (delta, failures) = flight.history();
         let until = flight.stale_valid_until();
-        self.inner
-            .ready_entry(pkey, value, until, (delta, failures + 1), now)
+        self.inner.ready_entry(
+            pkey,
+            value,
+            until,
+            LoadRecord {
+                delta,
+                took: 0,
+                failures: failures + 1,
+            },
+            now,
+        )
     }
 
     /// The value a caller gets in place of a load that did not finish for it: the expired
@@ -783,8 +792,12 @@ where
         let (previous_delta, _) = lead.flight.history();
         match result {
             Ok(value) => {
-                let delta =
-                    crate::refresh::next_delta(previous_delta, finished.saturating_sub(started));
+                let took = finished.saturating_sub(started);
+                let load = LoadRecord {
+                    delta: crate::refresh::next_delta(previous_delta, took),
+                    took,
+                    failures: 0,
+                };
                 // User code (the `expire_after` hook) before the table changes, as the
                 // weigher below.
                 let expiry = match cache.inner.ttl_of(&lead.key, &value) {
@@ -810,7 +823,7 @@ where
                 lead.replace_loading(weight, &now, || {
                     cache
                         .inner
-                        .ready_entry(pkey, value.clone(), expires_at, (delta, 0), &now)
+                        .ready_entry(pkey, value.clone(), expires_at, load, &now)
                 });
                 lead.finish(FlightResult::Value(for_waiters));
                 Ok(value)

@@ -20,11 +20,23 @@ use crate::sync::{AtomicU64, Ordering};
 /// Upper bound of `-ln U` for `U` in (0, 1] with 53 bits: `53 ln 2 = 36.74`.
 pub(crate) const MAX_NEG_LN_U: f64 = 36.8;
 
-/// The most of a value's lifetime (beyond one load time) that an early refresh may take back:
-/// XFetch's window never opens before `expiry - delta - lifetime / EARLY_SHARE_DIVISOR`. A
-/// refresh started then lands about `lifetime / 5` before the expiry, so loads of one key are
-/// at least 4/5 of a lifetime apart: at most 1.25 per TTL whatever the read rate and beta.
+/// The most of a value's lifetime that an early refresh may take back: XFetch's window never
+/// opens before `lifetime / EARLY_SHARE_DIVISOR` (plus a load time, see `RefreshSettings::
+/// state`) before the expiry, so the loads of one key start at least 4/5 of a lifetime apart:
+/// at most 1.25 per TTL whatever the read rate and beta.
 const EARLY_SHARE_DIVISOR: u64 = 5;
+
+/// The load behind a write, as the refresh plan of the value it wrote needs it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct LoadRecord {
+    /// The key's load-time estimate (EWMA), nanoseconds: XFetch's `delta`.
+    pub(crate) delta: u64,
+    /// How long the load that wrote this value took, nanoseconds (0: an insert, or a value
+    /// put back): the value's lifetime started that long after the load did.
+    pub(crate) took: u64,
+    /// Consecutive failed refreshes behind the value.
+    pub(crate) failures: u32,
+}
 
 /// First backoff after a failed refresh; it doubles per consecutive failure.
 const BACKOFF_BASE_NANOS: u64 = 100_000_000;
@@ -204,18 +216,18 @@ impl RefreshSettings {
         self.soft_ttl.is_some() || self.beta.is_some()
     }
 
-    /// State for an entry written at `now` that expires at `expires_at`, whose loads take
-    /// `delta`, after `failures` failed refreshes (each backing off the next attempt).
+    /// State for an entry written at `now` that expires at `expires_at`, by the load `load`
+    /// (its estimate, its own duration, the failures behind it, each backing off the next
+    /// attempt).
     ///
     /// After a failure the value is the same old value, still due: the retry waits only for
     /// the backoff, not for a new soft TTL.
-    pub(crate) fn state(
-        &self,
-        now: u64,
-        expires_at: u64,
-        delta: u64,
-        failures: u32,
-    ) -> RefreshState {
+    pub(crate) fn state(&self, now: u64, expires_at: u64, load: LoadRecord) -> RefreshState {
+        let LoadRecord {
+            delta,
+            took,
+            failures,
+        } = load;
         let soft_at = match self.soft_ttl {
             _ if failures > 0 => now,
             Some(s) => crate::clock::expiry_after(now, s),
@@ -226,9 +238,16 @@ impl RefreshSettings {
                 let draw_window = (delta as f64 * beta * MAX_NEG_LN_U).ceil();
                 let draw_window = draw_window.min(u64::MAX as f64) as u64;
                 // The storm guard: without it, once `delta * beta * ln(R * delta * beta)`
-                // exceeds the lifetime, every read after a refresh may refresh again.
+                // exceeds the lifetime, every read after a refresh may refresh again. The
+                // window opens no earlier than 4/5 of the lifetime after the load that wrote
+                // the value started (`took` before now): the floor is the load's own
+                // duration, not the estimate, which lags a spike (one slow load raised it
+                // past the lifetime, and the next several refreshes then came back to back).
+                // It also opens no earlier than `delta` plus a fifth of the lifetime before
+                // the expiry, so that a refresh taking what loads take lands before it.
                 let lifetime = expires_at.saturating_sub(now);
-                let bound = delta.saturating_add(lifetime / EARLY_SHARE_DIVISOR);
+                let share = lifetime / EARLY_SHARE_DIVISOR;
+                let bound = delta.min(took).saturating_add(share);
                 expires_at.saturating_sub(draw_window.min(bound))
             }
             _ => NEVER,
@@ -281,6 +300,15 @@ mod tests {
 
     const SEC: u64 = 1_000_000_000;
 
+    /// A value written by a load that took `delta`, as the estimate says, after `failures`.
+    fn loaded(delta: u64, failures: u32) -> LoadRecord {
+        LoadRecord {
+            delta,
+            took: delta,
+            failures,
+        }
+    }
+
     fn xfetch(beta: f64) -> RefreshSettings {
         RefreshSettings {
             beta: Some(beta),
@@ -291,7 +319,7 @@ mod tests {
     #[test]
     fn an_entry_s_plan_keeps_its_history_through_claims_in_three_words() {
         assert_eq!(std::mem::size_of::<RefreshState>(), 24);
-        let st = xfetch(1.0).state(0, 100 * SEC, 3 * SEC, 5);
+        let st = xfetch(1.0).state(0, 100 * SEC, loaded(3 * SEC, 5));
         assert_eq!((st.delta(), st.failures()), (3 * SEC, 5));
         assert!(st.try_claim(), "the first claim wins");
         assert!(!st.try_claim(), "a claimed plan is not claimed twice");
@@ -300,7 +328,7 @@ mod tests {
         assert_eq!((st.delta(), st.failures()), (3 * SEC, 5), "given back");
         assert!(st.try_claim(), "a plan given back is claimed again");
         // Beyond their bits, the load time and the failures saturate, and stay apart.
-        let st = xfetch(1.0).state(0, NEVER, u64::MAX, u32::MAX);
+        let st = xfetch(1.0).state(0, NEVER, loaded(u64::MAX, u32::MAX));
         assert_eq!((st.delta(), st.failures()), (MAX_DELTA, MAX_FAILURES));
         assert!(st.try_claim());
     }
@@ -310,7 +338,7 @@ mod tests {
         let s = xfetch(2.0);
         let expiry = 1_000 * SEC;
         let delta = SEC;
-        let st = s.state(0, expiry, delta, 0);
+        let st = s.state(0, expiry, loaded(delta, 0));
         let window = (MAX_NEG_LN_U * 2.0 * SEC as f64) as u64;
         // Even the most extreme draw cannot fire just outside the window.
         let smallest_u = crate::rng::to_unit(0);
@@ -330,7 +358,7 @@ mod tests {
         //                                        = exp(-d / (delta beta)).
         let (beta, delta, expiry) = (1.0, SEC, 100 * SEC);
         let s = xfetch(beta);
-        let st = s.state(0, expiry, delta, 0);
+        let st = s.state(0, expiry, loaded(delta, 0));
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(42);
         let n = 20_000;
         let mut last = 0.0;
@@ -361,14 +389,14 @@ mod tests {
         let s = xfetch(beta);
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(7);
         let step = SEC / rate;
-        let (mut expiry, mut st) = (ttl, s.state(0, ttl, load, 0));
+        let (mut expiry, mut st) = (ttl, s.state(0, ttl, loaded(load, 0)));
         let (mut loads, mut lead_sum, mut now) = (0u64, 0u64, 0u64);
         let mut landing: Option<u64> = None;
         while now < ttls * ttl {
             if let Some(at) = landing.filter(|&at| now >= at) {
                 landing = None;
                 expiry = at + ttl;
-                st = s.state(at, expiry, load, 0);
+                st = s.state(at, expiry, loaded(load, 0));
             }
             let u = crate::rng::to_unit(rng.next_u64());
             if landing.is_none() && now < expiry && s.due(&st, now, expiry, || u) {
@@ -406,13 +434,84 @@ mod tests {
         }
     }
 
+    /// Replays one key read `rate` times a second, whose `i`-th load takes `load(i)`, with
+    /// XFetch at `beta` and the load-time estimate kept as the cache keeps it: the instants
+    /// at which loads started.
+    fn load_starts(
+        rate: u64,
+        load: impl Fn(usize) -> u64,
+        ttl: u64,
+        beta: f64,
+        until: u64,
+    ) -> Vec<u64> {
+        let s = xfetch(beta);
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(11);
+        let step = SEC / rate;
+        let mut starts = vec![0];
+        let (mut delta, mut landing) = (0, Some(load(0)));
+        let (mut expiry, mut st) = (0, s.state(0, 0, LoadRecord::default()));
+        let mut now = 0;
+        while now < until {
+            if let Some(at) = landing.filter(|&at| now >= at) {
+                let took = at - starts.last().expect("a load started");
+                delta = next_delta(delta, took);
+                landing = None;
+                expiry = at + ttl;
+                st = s.state(
+                    at,
+                    expiry,
+                    LoadRecord {
+                        delta,
+                        took,
+                        failures: 0,
+                    },
+                );
+            }
+            let u = crate::rng::to_unit(rng.next_u64());
+            if landing.is_none() && (now >= expiry || s.due(&st, now, expiry, || u)) {
+                landing = Some(now + load(starts.len()));
+                starts.push(now);
+            }
+            now += step;
+        }
+        starts
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "a simulation of millions of reads, no unsafe code")]
+    fn one_slow_load_does_not_make_the_next_refreshes_storm() {
+        const MS: u64 = SEC / 1_000;
+        let ttl = 100 * MS;
+        // Loads of 1 ms, but the fifth takes 2 s: the estimate then stays above the lifetime
+        // for several loads, and XFetch's window used to open as soon as each value landed
+        // (6 loads within one TTL at beta 1, 10 at beta 2).
+        let load = |i: usize| if i == 4 { 2_000 * MS } else { MS };
+        for beta in [1.0, 2.0] {
+            let starts = load_starts(20_000, load, ttl, beta, 5 * SEC);
+            assert!(
+                starts.len() > 20,
+                "beta {beta}: the key was loaded {} times",
+                starts.len()
+            );
+            for w in starts.windows(2) {
+                assert!(
+                    w[1] - w[0] >= ttl * 4 / 5,
+                    "beta {beta}: loads started {} ms apart, at {} ms: {:?}",
+                    (w[1] - w[0]) / MS,
+                    w[1] / MS,
+                    starts.iter().map(|s| s / MS).collect::<Vec<_>>()
+                );
+            }
+        }
+    }
+
     #[test]
     fn soft_ttl_fires_from_the_soft_expiry_on() {
         let s = RefreshSettings {
             soft_ttl: Some(10 * SEC),
             ..RefreshSettings::default()
         };
-        let st = s.state(5 * SEC, 60 * SEC, 0, 0);
+        let st = s.state(5 * SEC, 60 * SEC, loaded(0, 0));
         assert!(!s.due(&st, 15 * SEC - 1, 60 * SEC, || 1.0));
         assert!(s.due(&st, 15 * SEC, 60 * SEC, || 1.0));
     }
@@ -423,10 +522,10 @@ mod tests {
             soft_ttl: Some(1),
             ..RefreshSettings::default()
         };
-        let at = |failures| s.state(0, NEVER, 0, failures).check_at;
+        let at = |failures| s.state(0, NEVER, loaded(0, failures)).check_at;
         assert_eq!(at(0), 1);
         // After a failure, due again as soon as the backoff ends.
-        let st = s.state(0, NEVER, 0, 1);
+        let st = s.state(0, NEVER, loaded(0, 1));
         assert!(!s.due(&st, BACKOFF_BASE_NANOS - 1, NEVER, || 1.0));
         assert!(s.due(&st, BACKOFF_BASE_NANOS, NEVER, || 1.0));
         assert_eq!(at(1), BACKOFF_BASE_NANOS);
@@ -436,7 +535,7 @@ mod tests {
 
     #[test]
     fn only_one_caller_claims_a_refresh() {
-        let st = xfetch(1.0).state(0, NEVER, 0, 0);
+        let st = xfetch(1.0).state(0, NEVER, loaded(0, 0));
         assert!(st.try_claim());
         assert!(!st.try_claim());
     }

@@ -33,6 +33,7 @@ use crate::idle::Idle;
 use crate::local::{Domain, Pinned};
 use crate::pacing::Limiter;
 use crate::policy::{KeySource, Policy};
+use crate::refresh::LoadRecord;
 use crate::removal::{Hooks, RemovalCause};
 use crate::settings::Settings;
 use crate::stats::{Counter, CounterRegistry};
@@ -328,21 +329,21 @@ where
         self.remove_node(node, RemovalCause::Expired, pinned);
     }
 
-    /// A ready entry written at `now`, with its refresh plan (`delta`: measured load time;
-    /// `failures`: consecutive failed refreshes behind it).
+    /// A ready entry written at `now`, with its refresh plan (`load`: the load that wrote
+    /// it, default for an insert).
     pub(crate) fn ready_entry(
         &self,
         pkey: u64,
         value: V,
         expires_at: u64,
-        (delta, failures): (u64, u32),
+        load: LoadRecord,
         now: &OnceNow<'_>,
     ) -> Entry<V> {
         // Without a refresh rule or a time to idle, the time is not needed.
         let refresh = &self.settings.refresh;
         let refresh = refresh
             .active()
-            .then(|| refresh.state(now.get(), expires_at, delta, failures));
+            .then(|| refresh.state(now.get(), expires_at, load));
         let idle = self
             .settings
             .time_to_idle
@@ -362,7 +363,7 @@ where
         self.policy.prefetch(pkey);
         let now = self.once_now();
         let expires_at = ttl.map_or(NEVER, |t| expiry_after(now.get(), t));
-        let entry = self.ready_entry(pkey, value, expires_at, (0, 0), &now);
+        let entry = self.ready_entry(pkey, value, expires_at, LoadRecord::default(), &now);
         let node = Node::owned(hash, key, entry);
         let key_ptr: *const K = &node.key;
         let outcome = self.table.update(
