@@ -400,8 +400,10 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     /// Admission control: at most `loads` loads (initial loads and refreshes, all keys
     /// together) run at once (optional; at least 1). A caller over the bound serves the stale
     /// value it would replace, if there is one; otherwise it waits for a permit, until its
-    /// deadline if it has one. A due refresh that finds no permit is skipped (readers keep the
-    /// current value). Hits never touch the limiter.
+    /// deadline if it has one and, with a [`load_timeout`](Self::load_timeout), for at most
+    /// that long (then [`LoadError::LoadTimedOut`](crate::LoadError::LoadTimedOut)). A due
+    /// refresh that finds no permit is skipped (readers keep the current value). Hits never
+    /// touch the limiter.
     ///
     /// A loader that itself loads other keys from the same cache holds a permit while waiting
     /// for another: with `loads` such loaders at once, they wait on each other. Give nested

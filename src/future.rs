@@ -30,8 +30,8 @@ use std::task::{Context, Poll};
 use crate::cache::Cache;
 use crate::flight::{Flight, FlightResult, Subscription};
 use crate::load::{Begin, Joined, Lead, LoadError};
-use crate::miss::Waits;
-use crate::pacing::{Limiter, Permit, Queued};
+use crate::miss::{PermitWait, Waits};
+use crate::pacing::{Limiter, Queued};
 use crate::timer::{OrDeadline, Sleep};
 
 impl<K, V, S> Cache<K, V, S>
@@ -415,6 +415,7 @@ where
         let hash = self.inner.hash(key);
         let mut waits = FutureWaits {
             deadline: pin!(deadline),
+            permit_by: None,
         };
         let begin = match self.first_look(key, hash) {
             Ok(begin) => begin,
@@ -444,6 +445,8 @@ where
 /// A future's waits: it yields to its executor until the caller's deadline future completes.
 struct FutureWaits<'d, D> {
     deadline: Pin<&'d mut Option<D>>,
+    /// When its waits for a permit end at the latest (set by the first such wait).
+    permit_by: Option<std::time::Instant>,
 }
 
 impl<V, D: Future<Output = ()>> Waits<V> for FutureWaits<'_, D> {
@@ -467,12 +470,16 @@ impl<V, D: Future<Output = ()>> Waits<V> for FutureWaits<'_, D> {
         )
     }
 
-    async fn permit(&mut self, limiter: &Arc<Limiter>) -> Option<Permit> {
+    async fn permit(&mut self, limiter: &Arc<Limiter>) -> PermitWait {
+        if self.permit_by.is_none() {
+            self.permit_by = crate::miss::permit_deadline(limiter);
+        }
         Acquiring {
             limiter,
             queued: Queued::default(),
             reclaim: None,
             deadline: self.deadline.as_mut(),
+            load_deadline: self.permit_by.map(Sleep::until),
         }
         .await
     }
@@ -599,26 +606,34 @@ impl<V> Drop for Published<'_, V> {
     }
 }
 
-/// Waits in the limiter's queue for a load permit until the deadline (`None`).
+/// Waits in the limiter's queue for a load permit until the caller's deadline or the end of
+/// its permit wait (see `Waits::permit`).
 struct Acquiring<'a, D> {
     limiter: &'a Arc<Limiter>,
     queued: Queued,
     /// A wake-up for when a timed-out load's permit can be taken back.
     reclaim: Option<Sleep>,
     deadline: Pin<&'a mut Option<D>>,
+    load_deadline: Option<Sleep>,
 }
 
 impl<D: Future<Output = ()>> Future for Acquiring<'_, D> {
-    type Output = Option<Permit>;
+    type Output = PermitWait;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         loop {
             if let Poll::Ready(p) = this.limiter.poll_acquire(&mut this.queued, cx) {
-                return Poll::Ready(Some(p));
+                return Poll::Ready(PermitWait::Got(p));
             }
+            // `queued` leaves the queue when dropped.
             if deadline_passed(&mut this.deadline, cx) {
-                return Poll::Ready(None); // `queued` leaves the queue when dropped
+                return Poll::Ready(PermitWait::CallerDeadline);
+            }
+            if let Some(s) = &mut this.load_deadline {
+                if Pin::new(s).poll(cx).is_ready() {
+                    return Poll::Ready(PermitWait::LoadDeadline);
+                }
             }
             let Some(at) = this.queued.reclaim_at else {
                 return Poll::Pending;

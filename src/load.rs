@@ -59,7 +59,9 @@ pub enum LoadError<E> {
     /// [`load_timeout`](crate::CacheBuilder::load_timeout), and no expired value within
     /// [`max_stale`](crate::CacheBuilder::max_stale) was kept to serve instead. The load was
     /// detached: its permit is back, its late result will not be cached, and the next call
-    /// starts a fresh load.
+    /// starts a fresh load. Also what a caller gets that waited a whole `load_timeout` for
+    /// a load permit ([`max_concurrent_loads`](crate::CacheBuilder::max_concurrent_loads))
+    /// without getting one: its load never started.
     LoadTimedOut,
     /// The loader called back into the cache for the key it is loading; waiting on itself
     /// would never end.

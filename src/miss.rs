@@ -38,13 +38,32 @@ pub(crate) trait Waits<V> {
         flight: &'f Flight<V>,
     ) -> impl Future<Output = Option<&'f FlightResult<V>>>;
 
-    /// Waits for a load permit until the caller's deadline (`None`).
-    fn permit(&mut self, limiter: &Arc<Limiter>) -> impl Future<Output = Option<Permit>>;
+    /// Waits for a load permit until the caller's deadline or, at the latest, a
+    /// `load_timeout` after the caller first waited for one (DESIGN.md §10 invariant 7: no
+    /// caller waits for a permit past its load's deadline).
+    fn permit(&mut self, limiter: &Arc<Limiter>) -> impl Future<Output = PermitWait>;
+}
+
+/// How a wait for a load permit ended.
+pub(crate) enum PermitWait {
+    Got(Permit),
+    /// The caller's own deadline passed first.
+    CallerDeadline,
+    /// The caller waited a whole `load_timeout` for a permit.
+    LoadDeadline,
+}
+
+/// When a caller's wait for a permit that starts now ends at the latest: a `load_timeout`
+/// (the limiter's lease) from now, if there is one.
+pub(crate) fn permit_deadline(limiter: &Limiter) -> Option<Instant> {
+    limiter.lease().and_then(|l| Instant::now().checked_add(l))
 }
 
 /// A thread's waits: it blocks in place (parked) until its deadline.
 pub(crate) struct ThreadWaits {
     pub(crate) deadline: Option<Instant>,
+    /// When its waits for a permit end at the latest (set by the first such wait).
+    pub(crate) permit_by: Option<Instant>,
 }
 
 impl<V> Waits<V> for ThreadWaits {
@@ -60,8 +79,20 @@ impl<V> Waits<V> for ThreadWaits {
         flight.wait(None)
     }
 
-    async fn permit(&mut self, limiter: &Arc<Limiter>) -> Option<Permit> {
-        limiter.acquire(self.deadline)
+    async fn permit(&mut self, limiter: &Arc<Limiter>) -> PermitWait {
+        if self.permit_by.is_none() {
+            self.permit_by = permit_deadline(limiter);
+        }
+        let (mine, load) = (self.deadline, self.permit_by);
+        let until = match (mine, load) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        match limiter.acquire(until) {
+            Some(p) => PermitWait::Got(p),
+            None if load.is_some_and(|b| mine.is_none_or(|d| b < d)) => PermitWait::LoadDeadline,
+            None => PermitWait::CallerDeadline,
+        }
     }
 }
 
@@ -84,9 +115,15 @@ where
         match self.first_look(key, hash) {
             Ok(begin) => begin,
             // A thread's waits block in place: the driver is ready when first polled.
-            Err(wait) => {
-                crate::spawn::block_on(self.drive(key, hash, wait, &mut ThreadWaits { deadline }))
-            }
+            Err(wait) => crate::spawn::block_on(self.drive(
+                key,
+                hash,
+                wait,
+                &mut ThreadWaits {
+                    deadline,
+                    permit_by: None,
+                },
+            )),
         }
     }
 
@@ -152,10 +189,14 @@ where
                 }
                 Step::Throttled(limiter) => match waits.permit(&limiter).await {
                     // The key may have changed while we waited: look again.
-                    Some(p) => held = Some(p),
-                    None => {
+                    PermitWait::Got(p) => held = Some(p),
+                    PermitWait::CallerDeadline => {
                         self.inner.pin().count(Counter::Timeouts);
                         return Begin::Done(Err(LoadError::Timeout));
+                    }
+                    PermitWait::LoadDeadline => {
+                        self.inner.pin().count(Counter::Timeouts);
+                        return Begin::Done(Err(LoadError::LoadTimedOut));
                     }
                 },
             }

@@ -135,6 +135,11 @@ impl Limiter {
         }
     }
 
+    /// How long a permit may be held (the cache's `load_timeout`), if it has a limit.
+    pub(crate) fn lease(&self) -> Option<Duration> {
+        self.lease
+    }
+
     /// How many permits there are in all.
     pub(crate) fn permits(&self) -> usize {
         self.permits
@@ -183,9 +188,17 @@ impl Limiter {
         woken
     }
 
-    /// The earliest instant at which a permit can be taken back (a queued caller wakes then).
-    fn next_reclaim(st: &State) -> Option<Instant> {
-        st.leased.first().map(|k| k.0)
+    /// When a queued caller should look again even if no release wakes it: at the earliest
+    /// instant a permit can be taken back, and, with leases, within one lease from `now`
+    /// however things look, since a permit handed to another queued caller that has not
+    /// collected it yet starts its lease only when collected (and that caller may then hang
+    /// with it, with nobody else left to take it back).
+    fn next_reclaim(&self, st: &State, now: Instant) -> Option<Instant> {
+        let within_a_lease = self.lease.and_then(|l| now.checked_add(l));
+        match (st.leased.first().map(|k| k.0), within_a_lease) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// A permit, if one is free now and nobody is queued before us.
@@ -270,7 +283,7 @@ impl Limiter {
                 }
             },
         };
-        let reclaim_at = Self::next_reclaim(&st);
+        let reclaim_at = self.next_reclaim(&st, now);
         drop(st);
         woken.into_iter().for_each(|t| wake(Some(t)));
         match ready {
@@ -304,7 +317,7 @@ impl Limiter {
             let mut st = self.lock();
             let woken = self.reclaim(&mut st, now);
             let got = self.granted(&mut st, &ticket, now);
-            let reclaim_at = Self::next_reclaim(&st);
+            let reclaim_at = self.next_reclaim(&st, now);
             drop(st);
             woken.into_iter().for_each(|t| wake(Some(t)));
             if got.is_some() {
@@ -405,6 +418,45 @@ mod tests {
             "the permit handed on is not free for the taking"
         );
         assert!(l.poll_acquire(&mut first, &mut cx).is_ready());
+    }
+
+    /// A queued thread that sees no lease to wait for (the only permit handed to a caller
+    /// that has not collected it yet) still wakes within a lease: that caller may collect it
+    /// and hang, and nobody else would ever take it back and wake the thread.
+    #[test]
+    fn a_queued_thread_wakes_to_take_back_a_lease_that_began_after_it_parked() {
+        let lease = Duration::from_millis(20);
+        let l = Arc::new(Limiter::new(1, Some(lease)));
+        let first_hung = l.try_acquire().unwrap();
+        let mut second = Queued::default();
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(l.poll_acquire(&mut second, &mut cx).is_pending());
+        let (done, got) = std::sync::mpsc::channel();
+        let waiter = {
+            let l = Arc::clone(&l);
+            std::thread::spawn(move || {
+                let p = l.acquire(None);
+                let _ = done.send(p.is_some());
+                drop(p);
+            })
+        };
+        // The first lease ends; whoever looks next hands its permit to `second` (queued
+        // first), uncollected, leased to nobody: the waiter then has nothing to wake for.
+        std::thread::sleep(3 * lease);
+        drop(l.try_acquire());
+        // `second` collects it and hangs with it: its lease ends a lease from now.
+        let second_hung = match l.poll_acquire(&mut second, &mut cx) {
+            Poll::Ready(p) => p,
+            Poll::Pending => panic!("the permit taken back went to the first in the queue"),
+        };
+        let woke = got.recv_timeout(Duration::from_secs(30));
+        assert_eq!(
+            woke,
+            Ok(true),
+            "the waiter never took back the permit of a lease that ended after it parked"
+        );
+        drop((first_hung, second_hung));
+        waiter.join().unwrap();
     }
 
     #[test]

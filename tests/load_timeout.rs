@@ -409,3 +409,53 @@ fn a_refresh_job_run_after_its_deadline_does_not_load() {
         "a detached refresh must not load"
     );
 }
+
+/// No caller waits for a permit past its load's deadline (DESIGN.md §10 invariant 7): with
+/// every permit held by hung loads and other callers queued ahead of it, a caller gives up
+/// `load_timeout` after it began to wait, without running its loader. (It used to wait for
+/// its turn however long the queue, and could park for ever when the permit it waited for
+/// was leased after it parked: `pacing.rs`'s test of that case.)
+#[test]
+fn a_caller_queued_for_a_permit_gives_up_at_its_load_deadline() {
+    // Long enough that the callers queued ahead of the last one are served in order.
+    const LONG: Duration = Duration::from_secs(1);
+    let c: C = Cache::builder()
+        .max_capacity(100)
+        .max_concurrent_loads(1)
+        .load_timeout(LONG)
+        .build()
+        .unwrap();
+    let (release, gate) = mpsc::channel::<()>();
+    let gate = Arc::new(std::sync::Mutex::new(gate));
+    let (r1, l1) = hung_load(&c, 1, 1);
+    // Four more callers queue for the permit; each hangs in its loader if it gets one.
+    let queued: Vec<_> = (2..6u64)
+        .map(|k| {
+            let (c, gate) = (c.clone(), Arc::clone(&gate));
+            thread::spawn(move || {
+                let _ = c.get_or_load(&k, |_| {
+                    let _ = gate.lock().unwrap().recv();
+                    Ok::<_, ()>(k)
+                });
+            })
+        })
+        .collect();
+    common::spin_until("four callers queued for the permit", || {
+        c.stats().throttled >= 4
+    });
+    let ran = Arc::new(AtomicBool::new(false));
+    let (c2, ran2) = (c.clone(), Arc::clone(&ran));
+    let r = within_bound("a caller queued for a permit", move || {
+        c2.get_or_load(&9, |_| {
+            ran2.store(true, Ordering::SeqCst);
+            Ok::<_, ()>(90)
+        })
+    });
+    assert_eq!(r, Err(LoadError::LoadTimedOut));
+    assert!(!ran.load(Ordering::SeqCst), "the caller's loader ran");
+    drop((r1, release));
+    l1.join().unwrap();
+    for t in queued {
+        t.join().unwrap();
+    }
+}
