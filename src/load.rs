@@ -540,6 +540,21 @@ where
                 // A live value, or the value a refresh in progress still serves.
                 if let Some(v) = self.inner.hit(entry, || now.get(), &pinned) {
                     let Kind::Ready(r) = entry.kind() else {
+                        // A refresh in progress, serving the value it replaces. Past its
+                        // deadline it is detached here, as any load is (its value goes back,
+                        // and the next refresh backs off), or it would hold the key until
+                        // the hard expiry.
+                        if let Kind::Loading(flight) = entry.kind() {
+                            if flight.overdue(Instant::now()) && !flight.led_by_current_thread() {
+                                let (flight, v) = (Arc::clone(flight), v.clone());
+                                drop(pinned);
+                                if self.time_out(key, hash, &flight) {
+                                    continue;
+                                }
+                                // Its leader is publishing: the value is still valid.
+                                return Step::Begin(Begin::Done(Ok(v)));
+                            }
+                        }
                         return Step::Begin(Begin::Done(Ok(v.clone())));
                     };
                     let Some(plan) = r.refresh else {

@@ -459,3 +459,41 @@ fn a_caller_queued_for_a_permit_gives_up_at_its_load_deadline() {
         t.join().unwrap();
     }
 }
+
+/// A refresh that hangs is detached at its `load_timeout` by the next caller of its key, as
+/// any load is, though its value is still valid (DESIGN.md §10 invariant 7): the value stays,
+/// and a new refresh follows after the failure's backoff. (The readers used to be served
+/// the value without looking at the refresh's deadline, so the hung refresh held the key
+/// until the hard expiry: no new refresh, no load timed out.)
+#[test]
+fn a_hung_refresh_is_detached_at_its_deadline_while_its_value_is_still_valid() {
+    let clock = ManualClock::new();
+    let c: C = Cache::builder()
+        .max_capacity(100)
+        .time_to_live(Duration::from_secs(4))
+        .refresh_after(Duration::from_millis(100))
+        .load_timeout(LOAD_TIMEOUT)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    c.insert(1, 1);
+    clock.advance(Duration::from_millis(150));
+    // Due: this caller wins the refresh, and its loader hangs.
+    let (release, leader) = hung_load(&c, 1, 2);
+    let reader = c.clone();
+    let detached = within_bound("a reader detaching the hung refresh", move || {
+        while reader.stats().load_timeouts == 0 {
+            assert_eq!(reader.get_or_load(&1, |_| Ok::<_, ()>(9)), Ok(1));
+            thread::sleep(LOAD_TIMEOUT / 5);
+        }
+        reader.stats().load_timeouts
+    });
+    assert_eq!(detached, 1);
+    assert_eq!(c.get(&1), Some(1), "the still-valid value stays");
+    // The next refresh waits for the failure's backoff, then loads.
+    clock.advance(Duration::from_millis(250));
+    assert_eq!(c.get_or_load(&1, |_| Ok::<_, ()>(3)), Ok(3));
+    drop(release);
+    leader.join().unwrap();
+    assert_eq!(c.get(&1), Some(3), "the late refresh is refused");
+}

@@ -202,3 +202,53 @@ fn one_refresh_per_entry() {
         assert_eq!(c.get(&1).map(check), Some(2));
     });
 }
+
+/// A refresh past its deadline is detached by a reader who meets it, though the value it
+/// refreshes is still valid (DESIGN.md §10 invariant 7): loom finds every deadline passed, so
+/// the reader detaches the refresh its loader is still running, whatever the interleaving
+/// of the detach with the refresh's install and the reader's own looks. The value stays, the
+/// reader gets it, and the refresh's late result is refused.
+#[test]
+fn a_reader_detaches_a_refresh_past_its_deadline() {
+    model(|| {
+        let clock = ManualClock::new();
+        let c: C = Cache::builder()
+            .max_capacity(8)
+            .hasher(Fixed::default())
+            .time_to_live(Duration::from_secs(60))
+            .refresh_after(Duration::from_secs(10))
+            .load_timeout(Duration::from_secs(1))
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        c.insert(1, pair(1));
+        clock.advance(Duration::from_secs(11));
+        // 0: not started; 1: the refresh's loader runs; 2: the reader is done.
+        let stage = Arc::new(AtomicUsize::new(0));
+        let (c1, s1) = (c.clone(), Arc::clone(&stage));
+        let refresher = thread::spawn(move || {
+            c1.get_or_load(&1, |_| {
+                s1.store(1, Ordering::Release);
+                // Hung until the reader is done.
+                while s1.load(Ordering::Acquire) != 2 {
+                    thread::yield_now();
+                }
+                Ok::<_, ()>(pair(2))
+            })
+            .map(check)
+        });
+        while stage.load(Ordering::Acquire) == 0 {
+            thread::yield_now();
+        }
+        let read = c.get_or_load(&1, |_| Ok::<_, ()>(pair(3))).map(check);
+        stage.store(2, Ordering::Release);
+        assert_eq!(read, Ok(1), "the still-valid value is served");
+        assert_eq!(refresher.join().unwrap(), Ok(2), "its own caller gets it");
+        assert_eq!(
+            c.stats().load_timeouts,
+            1,
+            "the reader detached the refresh"
+        );
+        assert_eq!(c.get(&1).map(check), Some(1), "the late refresh is refused");
+    });
+}
