@@ -56,7 +56,8 @@ where
     /// them leads a new load. The next caller starts a fresh load if none is waiting.
     ///
     /// This future is runtime-agnostic: it needs no executor features. A loader future that
-    /// awaits this cache for its own key waits for itself forever.
+    /// asks this cache for its own key (by any call, awaited from inside its polls) gets
+    /// [`LoadError::Recursive`] there instead of waiting for itself.
     ///
     /// ```
     /// # fn block_on<F: std::future::Future>(f: F) -> F::Output {
@@ -337,7 +338,9 @@ where
         Fut: Future<Output = Result<V, E>>,
         E: Send + Sync + 'static,
     {
-        // No thread runs the loader: the future may move between threads.
+        // No thread runs the loader between its polls: the future may move between threads.
+        // Each poll marks its thread as the leader while it runs (`CatchPanic`), so that the
+        // loader asking for its own key, during a poll, is seen as the re-entry it is.
         lead.flight.clear_leader();
         if queued && lead.stale_before_start() {
             return lead.time_out();
@@ -351,6 +354,7 @@ where
             let load = CatchPanic {
                 load,
                 panicked: &lead.panicked,
+                flight: &lead.flight,
             };
             #[cfg(feature = "redis")]
             let tier = match lead.cache.inner.shared() {
@@ -650,27 +654,33 @@ impl<D: Future<Output = ()>> Future for Acquiring<'_, D> {
     }
 }
 
-/// Runs a loader future, recording a panic that unwinds out of its poll: the leader's state
-/// is dropped only later (when the task is dropped), when the thread no longer unwinds.
-struct CatchPanic<'a, F> {
+/// Runs a loader future as its flight's leader: each poll marks the polling thread as the
+/// flight's leader until it returns (so the loader asking for its own key, from this poll,
+/// gets `Recursive` instead of waiting for itself), and a panic that unwinds out of a poll
+/// is recorded (the leader's state is dropped only later, when the task is dropped, when the
+/// thread no longer unwinds).
+struct CatchPanic<'a, F, V> {
     load: Pin<&'a mut F>,
     panicked: &'a AtomicBool,
+    flight: &'a Flight<V>,
 }
 
-impl<F: Future> Future for CatchPanic<'_, F> {
+impl<F: Future, V> Future for CatchPanic<'_, F, V> {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        struct OnUnwind<'b>(&'b AtomicBool);
-        impl Drop for OnUnwind<'_> {
+        struct AfterPoll<'b, V>(&'b AtomicBool, &'b Flight<V>);
+        impl<V> Drop for AfterPoll<'_, V> {
             fn drop(&mut self) {
+                self.1.clear_leader();
                 if std::thread::panicking() {
                     self.0.store(true, Ordering::Relaxed);
                 }
             }
         }
         let this = self.get_mut();
-        let _flag = OnUnwind(this.panicked);
+        this.flight.set_leader_here();
+        let _after = AfterPoll(this.panicked, this.flight);
         this.load.as_mut().poll(cx)
     }
 }

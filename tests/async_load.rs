@@ -217,3 +217,65 @@ fn a_loader_that_awaits_its_own_key_in_place_gets_an_error_not_a_deadlock() {
     });
     assert_eq!(inner, Ok(10));
 }
+
+/// Which call an async loader makes back into its cache for its own key.
+#[derive(Debug, Clone, Copy)]
+enum Reentry {
+    Async,
+    Spawned,
+    Sync,
+}
+
+/// An async loader that asks its cache for the key it is loading gets `Recursive` there at
+/// once, however it asks (it used to wait for itself for ever: the future's leader was
+/// cleared, since a future may move between threads, so nothing saw the re-entry), both in a
+/// load led inline and in one handed to the spawner; with a `load_timeout` it used to get
+/// `LoadTimedOut` at the deadline instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_loader_that_awaits_its_own_key_gets_recursive() {
+    for timeout in [None, Some(Duration::from_secs(600))] {
+        for inner in [Reentry::Async, Reentry::Spawned, Reentry::Sync] {
+            for spawned in [false, true] {
+                let mut builder = Cache::builder()
+                    .max_capacity(10)
+                    .spawner(herdcache::TokioSpawner::current().unwrap());
+                if let Some(t) = timeout {
+                    builder = builder.load_timeout(t);
+                }
+                let cache: Cache<u32, u64> = builder.build().unwrap();
+                let c2 = cache.clone();
+                let loader = move |k: &u32| {
+                    let (k, c2) = (*k, c2.clone());
+                    async move {
+                        let again = match inner {
+                            Reentry::Async => {
+                                c2.get_or_load_async(&k, |_| async { Ok::<_, ()>(5) }).await
+                            }
+                            Reentry::Spawned => {
+                                c2.get_or_load_spawned(&k, |_| async { Ok::<_, ()>(5) })
+                                    .await
+                            }
+                            Reentry::Sync => c2.get_or_load(&k, |_| Ok::<_, ()>(5)),
+                        };
+                        assert_eq!(again, Err(LoadError::Recursive), "{inner:?}");
+                        Ok::<_, ()>(7)
+                    }
+                };
+                let outer = async {
+                    if spawned {
+                        cache.get_or_load_spawned(&1, loader).await
+                    } else {
+                        cache.get_or_load_async(&1, loader).await
+                    }
+                };
+                let r = tokio::time::timeout(Duration::from_secs(30), outer)
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!("{inner:?} inside a load (spawned: {spawned}, timeout: {timeout:?}) waited for itself")
+                    });
+                assert_eq!(r, Ok(7));
+                assert_eq!(cache.get(&1), Some(7));
+            }
+        }
+    }
+}

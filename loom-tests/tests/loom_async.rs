@@ -94,3 +94,32 @@ fn a_future_and_a_thread_share_one_load() {
         assert_eq!(calls.load(loom::sync::atomic::Ordering::SeqCst), 1);
     });
 }
+
+/// A loader future that awaits its own key, while a thread misses the same key: the inner
+/// call gets `Recursive` at once (the poll that runs it marks its thread as the flight's
+/// leader), whatever the interleaving with the thread's install, wait or load, and both
+/// callers get a value. Without the mark the inner call waited on its own flight for ever
+/// (loom reports the deadlock).
+#[test]
+fn a_loader_future_awaiting_its_own_key_gets_recursive() {
+    model(|| {
+        let c: C = cache();
+        let c2 = c.clone();
+        let thread_side = thread::spawn(move || c2.get_or_load(&1, |_| Ok::<_, ()>(2)));
+        let inner = c.clone();
+        let got = loom::future::block_on(c.get_or_load_async(&1, |k| {
+            let (k, inner) = (*k, inner.clone());
+            async move {
+                let again = inner
+                    .get_or_load_async(&k, |_| async { Ok::<_, ()>(5) })
+                    .await;
+                assert_eq!(again, Err(herdcache::LoadError::Recursive));
+                Ok::<_, ()>(7)
+            }
+        }));
+        let other = thread_side.join().unwrap();
+        // Whichever led, both got a value: its own, or the leader's.
+        assert!(got == Ok(7) || got == Ok(2), "{got:?}");
+        assert!(other == Ok(7) || other == Ok(2), "{other:?}");
+    });
+}
