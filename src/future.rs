@@ -100,14 +100,17 @@ where
     /// callers, futures or threads, miss together: [`get_with`](Self::get_with) for futures,
     /// or [`get_or_load_async`](Self::get_or_load_async) for a loader that cannot fail.
     ///
+    /// A [`load_timeout`](crate::CacheBuilder::load_timeout) does not cut off the init
+    /// future this call leads, since this call must return a value: at the deadline the load
+    /// is detached as any load is (its waiters are answered, its permit returned, the next
+    /// caller loads afresh), and this call goes on awaiting `init` and returns its value,
+    /// which is then not cached. (Waiters of another caller's load past its deadline look
+    /// again, and may lead a load themselves.)
+    ///
     /// # Panics
     ///
     /// As [`get_with`](Self::get_with): if `init`'s future panics, or if it awaits this cache
-    /// for the key it is computing. Also if the cache's
-    /// [`load_timeout`](crate::CacheBuilder::load_timeout) cuts off the init future this call
-    /// leads (it is dropped at the deadline, so there is no value to return): use
-    /// [`get_or_load_async`](Self::get_or_load_async) to handle
-    /// [`LoadError::LoadTimedOut`] instead.
+    /// for the key it is computing.
     ///
     /// ```
     /// # fn block_on<F: std::future::Future>(f: F) -> F::Output {
@@ -131,21 +134,28 @@ where
         F: FnOnce(&K) -> Fut,
         Fut: Future<Output = V>,
     {
-        // As in `get_with`: taken only by a call that leads, which returns or unwinds.
+        // As in `get_with`: taken only by a call that leads, which returns or unwinds (its
+        // load runs to the end, past a `load_timeout` too).
         let mut init = Some(init);
         loop {
-            let loaded = self
-                .get_or_load_async(key, |k| {
-                    let fut = init.take().map(|f| f(k));
-                    async move {
-                        match fut {
-                            Some(fut) => Ok::<V, Infallible>(fut.await),
-                            None => panic!(
-                                "get_with_async: the load_timeout cut off the init future this call led, and there is no value to return"
-                            ),
-                        }
+            let loader = |k: &K| {
+                let fut = init.take().map(|f| f(k));
+                async move {
+                    match fut {
+                        Some(fut) => Ok::<V, Infallible>(fut.await),
+                        None => unreachable!(
+                            "get_with_async's init ran in a call that then looked again"
+                        ),
                     }
-                })
+                }
+            };
+            let loaded = self
+                .load_async(
+                    key,
+                    None::<std::future::Pending<()>>,
+                    loader,
+                    Handoff::ToTheEnd,
+                )
                 .await;
             match loaded {
                 Ok(v) => return v,
@@ -320,18 +330,17 @@ where
         // meanwhile must wait for it, not be taken for re-entry.
         lead.flight.clear_leader();
         spawner.spawn(crate::LoadTask::new(async move {
-            let _ = Self::lead_async(lead, loader, true).await;
+            let _ = Self::lead_async(lead, loader, Start::Queued).await;
         }));
         Handoff::Spawned { flight, current }
     }
 
     /// Runs the loader future as the flight's leader and finishes the flight on every path
     /// out (a panic or a drop mid-load included, through `Lead`'s drop).
-    /// `queued`: as for `run_lead` (a spawned task may start past the load's deadline).
     async fn lead_async<E, F, Fut>(
         lead: Lead<K, V, S>,
         loader: F,
-        queued: bool,
+        start: Start,
     ) -> Result<V, LoadError<E>>
     where
         F: FnOnce(&K) -> Fut,
@@ -342,13 +351,15 @@ where
         // Each poll marks its thread as the leader while it runs (`CatchPanic`), so that the
         // loader asking for its own key, during a poll, is seen as the re-entry it is.
         lead.flight.clear_leader();
-        if queued && lead.stale_before_start() {
+        if start == Start::Queued && lead.stale_before_start() {
             return lead.time_out();
         }
         let started = lead.cache.inner.now();
         // The load's own deadline: past it, the loader future is dropped (at the end of this
-        // block, before the flight is detached).
+        // block, before the flight is detached), or, to the end, the flight is detached and
+        // the loader future goes on for this caller alone.
         let sleep = lead.flight.deadline().map(Sleep::until);
+        let to_the_end = start == Start::NowToTheEnd;
         let outcome = {
             let load = pin!(loader(&lead.key));
             let load = CatchPanic {
@@ -377,16 +388,14 @@ where
                     let count = lead.cache.inner.counting();
                     let fetched =
                         pin!(tier.load_async(&lead.key, lead.shared_plan(), &count, load));
-                    (OrDeadline {
-                        inner: fetched,
-                        sleep,
-                    })
-                    .await
-                    .map(Settled::Shared)
+                    lead.until_deadline(fetched, sleep, to_the_end)
+                        .await
+                        .map(Settled::Shared)
                 }
                 #[cfg(not(feature = "redis"))]
                 Some(never) => match never {},
-                None => (OrDeadline { inner: load, sleep })
+                None => lead
+                    .until_deadline(load, sleep, to_the_end)
                     .await
                     .map(Settled::Local),
             }
@@ -430,7 +439,8 @@ where
             Begin::Lead(lead) => lead,
         };
         match hand_off(lead, loader) {
-            Handoff::Inline(lead, f) => Self::lead_async(lead, f, false).await,
+            Handoff::Inline(lead, f) => Self::lead_async(lead, f, Start::Now).await,
+            Handoff::ToTheEnd(lead, f) => Self::lead_async(lead, f, Start::NowToTheEnd).await,
             Handoff::Spawned {
                 current: Some(v), ..
             } => Ok(v),
@@ -496,6 +506,45 @@ enum Settled<V, E> {
     Shared(crate::fleet::Fetched<V, E>),
 }
 
+/// How a future's load starts, and what its deadline does to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// At once; the loader future is dropped at the load's deadline.
+    Now,
+    /// At once; at the deadline the flight is detached and the loader future goes on for
+    /// its own caller (who must have a value: `get_with_async`).
+    NowToTheEnd,
+    /// When a spawner runs the task, perhaps past the load's deadline (see `run_lead`).
+    Queued,
+}
+
+impl<K, V, S> Lead<K, V, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+    S: BuildHasher,
+{
+    /// Awaits `load` until the load's deadline (`sleep`): `None` if it passed first, unless
+    /// `to_the_end`, which then detaches the flight (as its waiters would) and awaits `load`
+    /// to its end.
+    async fn until_deadline<T>(
+        &self,
+        load: impl Future<Output = T> + Unpin,
+        sleep: Option<Sleep>,
+        to_the_end: bool,
+    ) -> Option<T> {
+        let mut timed = OrDeadline { inner: load, sleep };
+        match (&mut timed).await {
+            Some(v) => Some(v),
+            None if to_the_end => {
+                self.cache.time_out(&self.key, self.hash(), &self.flight);
+                Some(timed.inner.await)
+            }
+            None => None,
+        }
+    }
+}
+
 /// What the future that wins a load does with it.
 enum Handoff<K, V, S, F>
 where
@@ -505,6 +554,8 @@ where
 {
     /// Run the loader inline.
     Inline(Lead<K, V, S>, F),
+    /// Run the loader inline, past the load's deadline too (see `Start::NowToTheEnd`).
+    ToTheEnd(Lead<K, V, S>, F),
     /// The load runs on the task spawner: wait on its flight, unless it is a refresh, whose
     /// caller returns the value still `current`.
     Spawned {

@@ -941,6 +941,11 @@ where
     V: Clone + Send + Sync + 'static,
     S: BuildHasher,
 {
+    /// The table hash of the key.
+    pub(crate) fn hash(&self) -> u64 {
+        self.hash
+    }
+
     /// Whether this load should not start at all: a refresh job or spawned task that waited
     /// for its spawner past the load's deadline (a waiter may have detached it already, and
     /// returned its permit).

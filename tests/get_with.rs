@@ -124,3 +124,55 @@ fn a_load_timeout_shorter_than_any_load_does_not_stop_the_callers_own_load() {
         .unwrap();
     assert_eq!(c.get_with("k", |k| format!("{k}!")), "k!");
 }
+
+/// `get_with_async` returns a value even when the cache's `load_timeout` passes while its
+/// init future runs: the load is detached at the deadline (its waiters answered, the key
+/// free for a new load) and the caller's init goes on to its end. (The init future used to
+/// be dropped at the deadline, and the call panicked, having nothing to return.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_with_async_outlives_the_load_timeout_it_led_past() {
+    use std::time::Duration;
+    let c: C = Cache::builder()
+        .max_capacity(10)
+        .load_timeout(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let (passed, gate) = tokio::sync::oneshot::channel::<()>();
+    let c2 = c.clone();
+    let slow = tokio::spawn(async move {
+        c2.get_with_async("k", |k: &String| {
+            let k = k.clone();
+            async move {
+                let _ = gate.await; // runs past the load's deadline
+                format!("{k}!")
+            }
+        })
+        .await
+    });
+    // Past the deadline the key is free: another caller leads its own load meanwhile.
+    let other = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let r = c
+                .get_or_load_async("k", |_| async { Ok::<_, ()>("other".to_owned()) })
+                .await;
+            if r.is_ok() {
+                return r;
+            }
+        }
+    })
+    .await
+    .expect("the key stayed held past the load's deadline");
+    assert_eq!(other, Ok("other".to_owned()));
+    passed.send(()).unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(20), slow)
+        .await
+        .expect("get_with_async did not return")
+        .expect("get_with_async panicked");
+    assert_eq!(got, "k!", "the caller's own init ran to its end");
+    assert_eq!(
+        c.get("k"),
+        Some("other".to_owned()),
+        "the late value is not cached"
+    );
+}
