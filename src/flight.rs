@@ -102,6 +102,10 @@ pub(crate) struct Flight<V> {
     leader: AtomicUsize,
     /// The replaced entry's load-time estimate and failed-refresh count.
     history: (u64, u32),
+    /// Whether this is a refresh: `stale` was a live value when it started, which readers are
+    /// served meanwhile and which leaves the cache (told to the listener) only when the
+    /// refresh ends without putting it back.
+    refresh: bool,
     /// When the load is timed out (`load_timeout`), if ever.
     deadline: Option<Instant>,
     /// Set by the one caller that completes the flight: the leader with its result, or
@@ -137,6 +141,8 @@ pub(crate) struct Start<V> {
     pub(crate) stale: Option<(V, u64)>,
     /// The replaced entry's load-time estimate and failed-refresh count.
     pub(crate) history: (u64, u32),
+    /// Whether it is a refresh of a live value (`stale`).
+    pub(crate) refresh: bool,
     /// When the load is timed out.
     pub(crate) deadline: Option<Instant>,
     /// The load's permit.
@@ -157,6 +163,7 @@ impl<V> Flight<V> {
             stale_valid_until,
             leader: AtomicUsize::new(thread::token()),
             history: start.history,
+            refresh: start.refresh,
             deadline: start.deadline,
             completing: AtomicBool::new(false),
             permit: Mutex::new(start.permit),
@@ -166,6 +173,11 @@ impl<V> Flight<V> {
     /// The replaced entry's load-time estimate and failed-refresh count.
     pub(crate) fn history(&self) -> (u64, u32) {
         self.history
+    }
+
+    /// Whether this load is a refresh of a value that was live when it started.
+    pub(crate) fn is_refresh(&self) -> bool {
+        self.refresh
     }
 
     /// When the load is timed out, if ever.
@@ -476,6 +488,7 @@ mod tests {
         Start {
             stale,
             history: (0, 0),
+            refresh: false,
             deadline: None,
             permit: None,
         }

@@ -20,10 +20,12 @@ use std::time::{Duration, Instant};
 
 use crate::cache::Cache;
 use crate::clock::OnceNow;
+use crate::engine::LoadEnd;
 use crate::entry::{expiry_after, Entry, Kind, NEVER};
 use crate::flight::{Flight, FlightResult, Keep, Start};
 use crate::pacing::Permit;
 use crate::refresh::{LoadRecord, RefreshState};
+use crate::removal::RemovalCause;
 use crate::stats::Counter;
 use crate::table::Node;
 use crate::trace::trace_event;
@@ -400,8 +402,13 @@ where
             return false;
         }
         let flight = Arc::clone(flight);
-        self.inner
-            .end_load(hash, &flight, None, &self.inner.once_now(), &pinned);
+        self.inner.end_load(
+            hash,
+            &flight,
+            LoadEnd::Remove(RemovalCause::Invalidated),
+            &self.inner.once_now(),
+            &pinned,
+        );
         // Its waiters look again (one leads a new load) and its permit is back; the detached
         // loader's late result is refused (it lost the claim).
         // SAFETY: claimed above, published once.
@@ -460,8 +467,13 @@ where
             })
         }))
         .unwrap_or(None);
+        let end = match restore {
+            Some(put_back) => LoadEnd::PutBack(put_back),
+            // A refresh's value whose put-back panicked leaves with its load.
+            None => LoadEnd::Remove(RemovalCause::Replaced),
+        };
         let pinned = self.inner.pin();
-        self.inner.end_load(hash, flight, restore, &at, &pinned);
+        self.inner.end_load(hash, flight, end, &at, &pinned);
     }
 
     /// The entry that puts back a refresh's still-valid `value` when its load failed or was
@@ -636,6 +648,7 @@ where
             let flight = Arc::new(Flight::new(Start {
                 stale: replaced,
                 history,
+                refresh,
                 // The permit's lease and the load's deadline end together.
                 deadline: permit.as_ref().and_then(Permit::deadline).or_else(|| {
                     self.inner
@@ -837,7 +850,7 @@ where
                 // Every clone (user code) before the table changes: what the waiters get and
                 // what the table holds cannot then part ways on a panic.
                 let for_waiters = value.clone();
-                lead.replace_loading(weight, &now, || {
+                lead.replace_loading(weight, &now, false, || {
                     cache
                         .inner
                         .ready_entry(pkey, value.clone(), expires_at, load, &now)
@@ -872,7 +885,7 @@ where
                                 expires_at,
                             )
                         };
-                        lead.replace_loading(1, &now, entry);
+                        lead.replace_loading(1, &now, false, entry);
                     }
                     None => lead.remove_loading(),
                 }
@@ -972,10 +985,12 @@ where
     /// Replaces our `Loading` entry with `make()` if the slot still holds it; returns whether
     /// it did (it did not if an insert, invalidation, forget or time-out came first).
     /// `now`: when the write is made.
+    /// `put_back`: the entry puts a refresh's value back (see `LoadEnd::PutBack`).
     fn replace_loading(
         &mut self,
         weight: u64,
         now: &OnceNow<'_>,
+        put_back: bool,
         make: impl FnOnce() -> Entry<V>,
     ) -> bool {
         if !self.claim() {
@@ -983,14 +998,19 @@ where
         }
         let cache = &self.cache;
         let pinned = cache.inner.pin();
-        let node = Node::owned(self.hash, self.key.clone(), make());
-        let replaced = cache.inner.end_load(
-            self.hash,
-            &self.flight,
-            Some((node, weight, self.pkey)),
-            now,
-            &pinned,
+        let node = (
+            Node::owned(self.hash, self.key.clone(), make()),
+            weight,
+            self.pkey,
         );
+        let end = if put_back {
+            LoadEnd::PutBack(node)
+        } else {
+            LoadEnd::Publish(node)
+        };
+        let replaced = cache
+            .inner
+            .end_load(self.hash, &self.flight, end, now, &pinned);
         if replaced {
             pinned.count(Counter::Inserts);
         }
@@ -1027,7 +1047,10 @@ where
         let pinned = self.cache.inner.pin();
         // The policy may still track the write our load replaced: `end_load` tells it.
         let inner = &self.cache.inner;
-        inner.end_load(self.hash, &self.flight, None, &inner.once_now(), &pinned);
+        // A refresh's value leaves with it: the refresh failed (without stale-if-error), or
+        // it could not be put back.
+        let end = LoadEnd::Remove(RemovalCause::Replaced);
+        inner.end_load(self.hash, &self.flight, end, &inner.once_now(), &pinned);
     }
 
     /// If the flight still serves a valid value (a refresh), puts it back with one more
@@ -1041,7 +1064,7 @@ where
         let for_waiters = old.clone();
         // Taken when first needed, after the `Clone` in the closure.
         let at = cache.inner.once_now();
-        self.replace_loading(weight, &at, || {
+        self.replace_loading(weight, &at, true, || {
             cache.put_back_entry(pkey, &flight, old.clone(), &at)
         });
         self.finish(FlightResult::Value(for_waiters));

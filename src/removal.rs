@@ -44,8 +44,11 @@ pub enum RemovalCause {
     /// [`invalidate_all`](crate::Cache::invalidate_all).
     Invalidated,
     /// Replaced by an [`insert`](crate::Cache::insert) of the same key, or by a load or early
-    /// refresh of it (the refresh's old value leaves the table when the refresh starts, though
-    /// readers keep being served it until the new one arrives).
+    /// refresh of it. A value being refreshed (readers are served it meanwhile) is reported
+    /// once, when the refresh ends: replaced by its new value, or dropped by a refresh that
+    /// failed without [`stale_if_error`](crate::CacheBuilder::stale_if_error); a refresh that
+    /// fails with it, or runs past its `load_timeout`, puts the value back, and nothing is
+    /// reported then.
     Replaced,
     /// Heavier (by the [`weigher`](crate::CacheBuilder::weigher)) than the whole
     /// `max_capacity`: the write that put it in the cache took it out again at once. This is
@@ -60,11 +63,23 @@ thread_local! {
     static QUEUED: RefCell<VecDeque<Box<dyn FnOnce()>>> = const { RefCell::new(VecDeque::new()) };
 }
 
+/// The value the listener hears of when `node` leaves the table: its ready value, or the
+/// value a refresh in progress still served (which stayed in the cache's keeping until the
+/// refresh ended). A load of a missing or expired value holds none: an expired value it
+/// replaced was told of when the load started.
+fn told_value<K, V>(node: &Node<K, Entry<V>>) -> Option<&V> {
+    match node.value.kind() {
+        Kind::Ready(r) => Some(r.value),
+        Kind::Loading(flight) if flight.is_refresh() => flight.stale(),
+        Kind::Loading(_) | Kind::Failed { .. } => None,
+    }
+}
+
 /// Tells `listen` of `node`'s value, if it holds one, containing a panic.
 fn call_listener<K, V>(listen: &Listener<K, V>, node: &Node<K, Entry<V>>, cause: RemovalCause) {
     crate::sync::user_code_may_run("the eviction listener");
-    if let Kind::Ready(r) = node.value.kind() {
-        let _ = catch_unwind(AssertUnwindSafe(|| listen(&node.key, r.value, cause)));
+    if let Some(value) = told_value(node) {
+        let _ = catch_unwind(AssertUnwindSafe(|| listen(&node.key, value, cause)));
     }
 }
 
@@ -160,7 +175,7 @@ impl<K, V> Hooks<K, V> {
         K: 'static,
         V: 'static,
     {
-        let (Some(listen), Kind::Ready(_)) = (&self.listener, node.value.kind()) else {
+        let (Some(listen), Some(_)) = (&self.listener, told_value(node)) else {
             return false;
         };
         let nested = LISTENING.try_with(Cell::get).unwrap_or(false);

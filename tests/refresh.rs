@@ -356,3 +356,67 @@ fn a_tokio_spawner_runs_background_refreshes_off_the_callers_thread() {
     caller.join().unwrap();
     common::spin_until("the refresh landed", || c.get(&1) == Some(2));
 }
+
+/// What the eviction listener hears of a refreshed value, in order.
+type Heard = std::sync::Arc<std::sync::Mutex<Vec<(u64, u64, herdcache::RemovalCause)>>>;
+
+fn listening(clock: &ManualClock, stale_if_error: bool) -> (C, Heard) {
+    let heard = Heard::default();
+    let log = std::sync::Arc::clone(&heard);
+    let c = builder(clock)
+        .refresh_after(10 * SEC)
+        .stale_if_error(stale_if_error)
+        .eviction_listener(move |k: &u64, v: &u64, cause| log.lock().unwrap().push((*k, *v, cause)))
+        .build()
+        .unwrap();
+    c.insert(1, 1);
+    clock.advance(11 * SEC);
+    (c, heard)
+}
+
+/// The listener hears of a refreshed value once, when it really leaves: replaced by the
+/// refresh's value, removed by an invalidation during the refresh, or (stale-if-error) kept
+/// through a failed refresh and removed later. (It used to hear `Replaced` when the refresh
+/// started, and then again when a value kept through a failure left.)
+#[test]
+fn the_listener_hears_of_a_refreshed_value_once_when_it_leaves() {
+    use herdcache::RemovalCause::{Invalidated, Replaced};
+    let clock = ManualClock::new();
+    // A failed refresh with stale-if-error keeps the value: nothing to hear until it goes.
+    let (c, heard) = listening(&clock, true);
+    assert_eq!(
+        c.get_or_load(&1, |_| Err::<u64, _>("down".to_owned())),
+        Ok(1)
+    );
+    assert_eq!(*heard.lock().unwrap(), [], "the value is still there");
+    assert!(c.invalidate(&1));
+    assert_eq!(*heard.lock().unwrap(), [(1, 1, Invalidated)]);
+
+    // A refresh that succeeds replaces it: heard once, when the new value lands.
+    let (c, heard) = listening(&clock, false);
+    let (release, refresher) = held_load(&c, 1, 2);
+    assert_eq!(
+        *heard.lock().unwrap(),
+        [],
+        "readers are still served the value"
+    );
+    release.send(()).unwrap();
+    assert_eq!(refresher.join().unwrap(), 2);
+    assert_eq!(*heard.lock().unwrap(), [(1, 1, Replaced)]);
+
+    // An invalidation during the refresh removes it: heard once, as invalidated.
+    let (c, heard) = listening(&clock, false);
+    let (release, refresher) = held_load(&c, 1, 2);
+    assert!(c.invalidate(&1));
+    release.send(()).unwrap();
+    refresher.join().unwrap();
+    assert_eq!(*heard.lock().unwrap(), [(1, 1, Invalidated)]);
+
+    // A failed refresh without stale-if-error drops it: heard once.
+    let (c, heard) = listening(&clock, false);
+    assert!(c
+        .get_or_load(&1, |_| Err::<u64, _>("down".to_owned()))
+        .is_err());
+    assert_eq!(*heard.lock().unwrap(), [(1, 1, Replaced)]);
+    assert_eq!(c.get(&1), None);
+}

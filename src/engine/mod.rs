@@ -45,6 +45,19 @@ pub(crate) type EntryNode<K, V> = Node<K, Entry<V>>;
 /// What ends a load in the table: the node, its weight, and its key's policy key.
 pub(crate) type Replacement<K, V> = (Owned<EntryNode<K, V>>, u64, u64);
 
+/// How a load ends in the table (`Engine::end_load`), and what the listener then hears of
+/// the value a refresh served while it ran.
+pub(crate) enum LoadEnd<K, V> {
+    /// The load's result (a value, or a cached error) takes its place: a refresh's value was
+    /// replaced.
+    Publish(Replacement<K, V>),
+    /// A refresh's value goes back in its place (the refresh failed, or was detached): it
+    /// never left, and the listener hears nothing.
+    PutBack(Replacement<K, V>),
+    /// The load is removed: a refresh's value leaves for `cause`.
+    Remove(RemovalCause),
+}
+
 /// The state of one cache, behind every handle to it.
 pub(crate) struct Engine<K, V, S> {
     table: Table<K, Entry<V>>,
@@ -440,7 +453,11 @@ where
             Outcome::Inserted(_) => true,
             Outcome::Replaced(old, load) => {
                 self.carry_in_policy(old, load, pkey);
-                self.replaced(old, !refresh, &self.once_now(), pinned);
+                // A refresh's value stays in the cache's keeping (readers are served it)
+                // until the refresh ends: the listener hears of it then (`end_load`).
+                if !refresh {
+                    self.replaced(old, true, &self.once_now(), pinned);
+                }
                 true
             }
             Outcome::Removed(_) | Outcome::Kept(..) => false,
@@ -448,9 +465,9 @@ where
     }
 
     /// Ends the table's part of a load: if the table still holds `flight`'s `Loading` entry
-    /// (key hash `hash`), replaces it with `replacement` (a node, its weight and its key's
-    /// policy key, admitted at `now`) or, without one, removes it (the policy forgets the
-    /// record the load carried).
+    /// (key hash `hash`), replaces it with the node `end` gives (with its weight and its
+    /// key's policy key, admitted at `now`) or removes it (the policy forgets the record the
+    /// load carried); the listener hears of a refresh's value as `end` says.
     /// Returns whether it did: an insert, an invalidation, a `forget` or a time-out may have
     /// come first. The entry is matched by its flight, so no key comparison (user code)
     /// runs, and a load's drop can end it too.
@@ -458,13 +475,14 @@ where
         &self,
         hash: u64,
         flight: &Arc<Flight<V>>,
-        replacement: Option<Replacement<K, V>>,
+        end: LoadEnd<K, V>,
         now: &OnceNow<'_>,
         pinned: &Pinned<'_>,
     ) -> bool {
-        let (node, weight, pkey) = match replacement {
-            Some((n, w, p)) => (Some(n), w, p),
-            None => (None, 0, 0),
+        let (node, weight, pkey, tell) = match end {
+            LoadEnd::Publish((n, w, p)) => (Some(n), w, p, Some(RemovalCause::Replaced)),
+            LoadEnd::PutBack((n, w, p)) => (Some(n), w, p, None),
+            LoadEnd::Remove(cause) => (None, 0, 0, Some(cause)),
         };
         let replacing = node.is_some();
         let ours = |n: &EntryNode<K, V>| matches!(n.value.kind(), Kind::Loading(f) if Arc::ptr_eq(f, flight));
@@ -481,13 +499,36 @@ where
             Outcome::Replaced(load, new) => {
                 let write = Unreported::new(&self.policy, Some(load), new, (pkey, weight));
                 self.admit(write, now, pinned);
+                if let Some(cause) = tell {
+                    self.refresh_ended(load, cause, pinned);
+                }
                 true
             }
             Outcome::Removed(load) => {
                 self.forget_in_policy(load);
+                if let Some(cause) = tell {
+                    self.refresh_ended(load, cause, pinned);
+                }
                 true
             }
             Outcome::Inserted(_) | Outcome::Kept(..) => false,
+        }
+    }
+
+    /// The listener hears that the value a refresh served (`load`'s, if it is a refresh)
+    /// left for `cause`, or, if it had expired meanwhile, as expired.
+    fn refresh_ended(&self, load: &EntryNode<K, V>, cause: RemovalCause, pinned: &Pinned<'_>) {
+        let Kind::Loading(flight) = load.value.kind() else {
+            return;
+        };
+        if !flight.is_refresh() {
+            return;
+        }
+        if flight.serving(|| self.now()).is_none() {
+            pinned.count(Counter::Expirations);
+            self.notify(load, RemovalCause::Expired);
+        } else {
+            self.notify(load, cause);
         }
     }
 
