@@ -611,9 +611,14 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     ///
     /// It may use the cache (insert, load, invalidate). Listeners never nest: what its own
     /// writes remove is reported once it has returned, in order, on the same thread, so it
-    /// cannot recurse into itself. (A listener that inserts a new key on every call into a
-    /// full cache therefore keeps its thread busy, one eviction after another, as any
-    /// insert-on-evict loop would.)
+    /// cannot recurse into itself. Such a chain of listener calls is bounded: past
+    /// [`MAX_LISTENER_CHAIN`](crate::MAX_LISTENER_CHAIN) notifications in one chain, the rest
+    /// of its removals are not reported (counted in
+    /// [`Stats::listener_skipped`](crate::Stats::listener_skipped), and a warning with the
+    /// `tracing` feature). Only a listener that writes a new key to its full cache on every
+    /// call makes a chain that long, and that chain would never end by itself: each of its
+    /// writes evicts again, and the operation that started it, holding its epoch pin, kept
+    /// every evicted value in memory meanwhile.
     ///
     /// ```
     /// use std::sync::{Arc, Mutex};

@@ -314,7 +314,9 @@
 //!
 //! A panic in the eviction listener is caught and dropped (the removal it reports is already
 //! done). A listener may write to its own cache: what its writes evict is reported after it
-//! returns, never from inside it.
+//! returns, never from inside it, and a chain of such reports is bounded by
+//! [`MAX_LISTENER_CHAIN`] (a listener that writes a new key on every call into its full cache
+//! would otherwise never let the write that started it return).
 //!
 //! # Memory reclamation
 //!
@@ -369,7 +371,7 @@ pub use entries::Iter;
 pub use error::BuildError;
 pub use load::LoadError;
 pub use refresh::RefreshJob;
-pub use removal::RemovalCause;
+pub use removal::{RemovalCause, MAX_LISTENER_CHAIN};
 #[cfg(feature = "tokio")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 pub use spawn::TokioSpawner;

@@ -51,6 +51,7 @@ const COUNTERS: &[Exported] = &[
     }),
     ("herdcache_shared_conflicts_total", |s| s.shared_conflicts),
     ("herdcache_shared_skipped_total", |s| s.shared_skipped),
+    ("herdcache_listener_skipped_total", |s| s.listener_skipped),
 ];
 
 impl<K, V, S> Cache<K, V, S>

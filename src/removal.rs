@@ -56,9 +56,23 @@ pub enum RemovalCause {
     Oversized,
 }
 
+/// The most notifications one chain of listener calls may make: those made by the writes of
+/// the listener calls that a first, outermost call (run by some operation of the cache)
+/// started, directly or through each other. Past it, the rest of the chain's removals are
+/// not told to the listener (counted in [`Stats::listener_skipped`](crate::Stats::listener_skipped)).
+///
+/// A listener that writes to its own full cache on every call makes a chain that never ends
+/// by itself: each write evicts, and each eviction is told to the listener. While a chain
+/// runs, the operation that started it holds its epoch pin, so nothing removed meanwhile can
+/// be freed: unbounded, the chain held every value it evicted until memory ran out. Chains
+/// that end by themselves are short (a write-back of a few entries); this one never does.
+pub const MAX_LISTENER_CHAIN: usize = 1_024;
+
 thread_local! {
     /// Whether this thread is inside an eviction listener (of any cache).
     static LISTENING: Cell<bool> = const { Cell::new(false) };
+    /// Notifications made so far in the chain the outermost listener call started.
+    static CHAINED: Cell<usize> = const { Cell::new(0) };
     /// Notifications made while it was, to run when it returns.
     static QUEUED: RefCell<VecDeque<Box<dyn FnOnce()>>> = const { RefCell::new(VecDeque::new()) };
 }
@@ -180,6 +194,17 @@ impl<K, V> Hooks<K, V> {
         };
         let nested = LISTENING.try_with(Cell::get).unwrap_or(false);
         if nested {
+            let chained = CHAINED.try_with(|c| c.replace(c.get() + 1)).unwrap_or(0);
+            if chained >= MAX_LISTENER_CHAIN {
+                if chained == MAX_LISTENER_CHAIN {
+                    crate::trace::trace_event!(
+                        WARN,
+                        "a chain of eviction listener calls reached MAX_LISTENER_CHAIN: the rest of its removals go untold (the listener's writes keep evicting)"
+                    );
+                }
+                domain.pin().count(crate::stats::Counter::ListenerSkipped);
+                return false;
+            }
             if let Some(guard) = domain.pin().into_nested_guard() {
                 let listen = Arc::clone(listen);
                 let node = node as *const Node<K, Entry<V>> as usize;
@@ -199,6 +224,7 @@ impl<K, V> Hooks<K, V> {
             return true;
         }
         let _ = LISTENING.try_with(|l| l.set(true));
+        let _ = CHAINED.try_with(|c| c.set(0));
         call_listener(listen, node, cause);
         // What the listener's own writes evicted, in order, each after the one before it
         // has returned.

@@ -61,9 +61,11 @@ pub(crate) enum Counter {
     StaleServed,
     /// Loads led by a future outside a tokio runtime, which skipped the shared tier.
     SharedSkipped,
+    /// Removals not told to the listener: past `MAX_LISTENER_CHAIN` in one chain.
+    ListenerSkipped,
 }
 
-const COUNTERS: usize = Counter::SharedSkipped as usize + 1;
+const COUNTERS: usize = Counter::ListenerSkipped as usize + 1;
 /// Load durations, by power of two: bucket `i` counts loads of less than `2^(i + 10)` ns
 /// (bucket 0: under about 1 µs; the last: everything from 2^38 ns, about 4.6 minutes, on).
 const LATENCY_BUCKETS: usize = 30;
@@ -187,6 +189,10 @@ pub struct Stats {
     /// first is also logged, once per tier). Drive such loads with `get_or_load_spawned` and a
     /// `TokioSpawner`, or call from a tokio task, to keep them in the fleet's single flight.
     pub shared_skipped: u64,
+    /// Values that left the cache without the eviction listener hearing of it: removals made
+    /// by a chain of listener calls (a listener writing to its own cache, whose writes evict)
+    /// past [`MAX_LISTENER_CHAIN`](crate::MAX_LISTENER_CHAIN) notifications.
+    pub listener_skipped: u64,
     /// Loads running now (a gauge): started and not yet ended, including loads detached past
     /// their `load_timeout` whose loader has not returned.
     pub loads_in_flight: u64,
@@ -464,6 +470,7 @@ impl CounterRegistry {
             shared_stale_dropped: get(Counter::SharedStaleDropped),
             shared_conflicts: get(Counter::SharedConflicts),
             shared_skipped: get(Counter::SharedSkipped),
+            listener_skipped: get(Counter::ListenerSkipped),
             // Both sums are read at slightly different instants: never below zero.
             loads_in_flight: get(Counter::Loads).saturating_sub(get(Counter::LoadsEnded)),
             stale_served: get(Counter::StaleServed),

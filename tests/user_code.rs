@@ -405,15 +405,17 @@ fn dropping_a_cache_with_a_panicking_value_drops_all_the_others() {
 
 #[test]
 fn a_listener_that_writes_to_its_cache_does_not_recurse() {
-    const WRITES: usize = 50_000;
+    // Under the chain's bound (`herdcache::MAX_LISTENER_CHAIN`).
+    const WRITES: usize = 1_000;
     let writes = Arc::new(AtomicUsize::new(0));
     let cell: Arc<Mutex<Option<Cache<u64, u64>>>> = Arc::default();
     let (w, handle) = (Arc::clone(&writes), Arc::clone(&cell));
     let c: Cache<u64, u64> = Cache::builder()
         .max_capacity(10)
         .eviction_listener(move |k: &u64, _: &u64, _| {
-            // Each eviction inserts a new key, which evicts another: 50,000 levels deep if
-            // listeners nested (a stack overflow), a loop of 50,000 turns if they do not.
+            // Each eviction inserts a new key, which evicts another: 1,000 levels deep if
+            // listeners nested (a stack overflow on a small stack), a loop of 1,000 turns if
+            // they do not.
             if w.fetch_add(1, Ordering::SeqCst) < WRITES {
                 let c = handle.lock().unwrap().clone();
                 if let Some(c) = c {
@@ -766,4 +768,45 @@ fn a_key_and_a_value_whose_drops_both_panic_do_not_abort() {
             })
         },
     );
+}
+
+/// A listener whose every call writes a new key to its full cache makes a chain of writes
+/// that never ends by itself. The cache bounds it: past `MAX_LISTENER_CHAIN` notifications
+/// in one chain, the rest of the chain's evictions go untold (counted), so the write that
+/// started it returns and the memory the chain held (every value it evicted, pinned until
+/// it ends) is freed. (The chain used to run until memory ran out: 23 GB within seconds.
+/// Here the listener itself stops after 200,000 writes, so that the test ends either way.)
+#[test]
+fn a_listener_whose_writes_keep_evicting_is_cut_off_at_the_chain_bound() {
+    const STOP: usize = 200_000;
+    let writes = Arc::new(AtomicUsize::new(0));
+    let cell: Arc<Mutex<Option<Cache<u64, u64>>>> = Arc::default();
+    let (w, handle) = (Arc::clone(&writes), Arc::clone(&cell));
+    let c: Cache<u64, u64> = Cache::builder()
+        .max_capacity(10)
+        .eviction_listener(move |k: &u64, _: &u64, _| {
+            if w.fetch_add(1, Ordering::SeqCst) < STOP {
+                let c = handle.lock().unwrap().clone();
+                if let Some(c) = c {
+                    c.insert(k + 1_000_000, 0);
+                }
+            }
+        })
+        .build()
+        .unwrap();
+    *cell.lock().unwrap() = Some(c.clone());
+    for k in 0..11 {
+        c.insert(k, k);
+    }
+    let heard = writes.load(Ordering::SeqCst);
+    assert!(
+        heard <= herdcache::MAX_LISTENER_CHAIN + 1,
+        "the chain ran {heard} listener calls"
+    );
+    assert!(c.stats().listener_skipped >= 1, "{:?}", c.stats());
+    assert!(c.entry_count() <= 10);
+    // The next write starts a chain of its own.
+    c.insert(100, 100);
+    assert!(writes.load(Ordering::SeqCst) > heard);
+    cell.lock().unwrap().take();
 }
