@@ -3,9 +3,10 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::task::{Context, Poll, Waker};
 
 use herdcache::Cache;
+
+mod common;
 
 /// Counts this thread's allocations.
 struct Counting;
@@ -34,16 +35,6 @@ fn allocations_in<T>(f: impl FnOnce() -> T) -> (T, usize) {
     let before = ALLOCATIONS.with(Cell::get);
     let out = f();
     (out, ALLOCATIONS.with(Cell::get) - before)
-}
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    let mut f = std::pin::pin!(f);
-    let mut cx = Context::from_waker(Waker::noop());
-    loop {
-        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-            return v;
-        }
-    }
 }
 
 fn cache() -> Cache<String, u64> {
@@ -76,9 +67,12 @@ fn a_hit_through_get_or_load_async_by_str_allocates_nothing() {
         let n = k.len() as u64;
         async move { Ok::<_, ()>(n) }
     };
-    assert_eq!(block_on(cache.get_or_load_async("key", load)), Ok(3));
+    assert_eq!(
+        common::poll_until_ready(cache.get_or_load_async("key", load)),
+        Ok(3)
+    );
     let _ = cache.get("key");
-    let (v, n) = allocations_in(|| block_on(cache.get_or_load_async("key", load)));
+    let (v, n) = allocations_in(|| common::poll_until_ready(cache.get_or_load_async("key", load)));
     assert_eq!(v, Ok(3));
     assert_eq!(n, 0, "a hit allocated {n} times");
 }

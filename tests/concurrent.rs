@@ -4,6 +4,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use herdcache::Cache;
 
+mod common;
+
 const THREADS: u64 = 4;
 
 #[test]
@@ -43,11 +45,12 @@ fn invalidated_values_are_not_read_after_invalidate_returns() {
                     }
                 }
             });
+            // Stops the reader however this ends: a failed assertion too.
+            let _stop = common::StopOnDrop(&stop);
             for k in 0..50 {
                 assert!(c.invalidate(&k));
                 assert_eq!(c.get(&k), None);
             }
-            stop.store(true, Ordering::Relaxed);
         });
         assert_eq!(c.entry_count(), 0);
     }

@@ -10,6 +10,9 @@
 #[path = "common/redis_server.rs"]
 mod redis_server;
 
+mod common;
+use common::wait_until;
+
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -64,19 +67,6 @@ impl Source {
         let v = self.version.fetch_add(1, Ordering::SeqCst) + 1;
         format!("v{v}")
     }
-}
-
-/// Waits until `cond` holds (at most 20 s); returns how long it took.
-fn wait_until(what: &str, mut cond: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "{what}: not reached in 20 s"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    start.elapsed()
 }
 
 /// Waits until every instance is subscribed to the tier's channel.

@@ -83,7 +83,7 @@ fn run_phase(detaching: bool) {
                                 in_flight[*k as usize].fetch_sub(1, Ordering::SeqCst);
                                 match outcome {
                                     0..=9 => Err("source error"),
-                                    10..=14 => panic!("loader panic"),
+                                    10..=14 => panic!("{}: loader", common::EXPECTED_PANIC),
                                     _ => {
                                         made.fetch_add(1, Ordering::Relaxed);
                                         Ok(Arc::new(Tracked::new(*k, &drops)))
@@ -129,10 +129,9 @@ fn run_phase(detaching: bool) {
 
 #[test]
 fn loads_failures_panics_and_expiries_leave_nothing_stuck() {
-    std::panic::set_hook(Box::new(|_| {}));
+    common::expect_panics();
     run_phase(false);
     run_phase(true);
-    let _ = std::panic::take_hook();
 }
 
 /// Loads that outlive their deadline, `forget`s, invalidations and inserts, with a load
@@ -140,7 +139,6 @@ fn loads_failures_panics_and_expiries_leave_nothing_stuck() {
 /// the cache stays within capacity, and every value made is dropped exactly once.
 #[test]
 fn hung_loads_forgets_and_deadlines_strand_nobody() {
-    std::panic::set_hook(Box::new(|_| {}));
     let drops = Arc::new(AtomicUsize::new(0));
     let made = Arc::new(AtomicUsize::new(0));
     let timeouts;
@@ -232,7 +230,6 @@ fn hung_loads_forgets_and_deadlines_strand_nobody() {
         assert!(cache.entry_count() <= KEYS / 2);
         timeouts = cache.stats().load_timeouts;
     }
-    let _ = std::panic::take_hook();
     assert!(
         timeouts > 0,
         "no load outlived its deadline: the test tested nothing"

@@ -82,6 +82,70 @@ pub fn spin_until(what: &str, cond: impl Fn() -> bool) {
     }
 }
 
+/// Waits (sleeping a millisecond at a time) until `cond` holds, and returns how long that
+/// took; fails the test with `what` after 30 s instead of hanging it. For conditions another
+/// process or a server brings about, where spinning would only steal its CPU.
+pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) -> Duration {
+    let bound = Duration::from_secs(30);
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < bound, "{what}: not within {bound:?}");
+        thread::sleep(Duration::from_millis(1));
+    }
+    start.elapsed()
+}
+
+/// Polls `f` with a waker that does nothing until it is ready: the simplest executor there
+/// is (it allocates nothing of its own). Fails the test if `f` is not ready within 30 s
+/// instead of spinning for ever.
+pub fn poll_until_ready<F: std::future::Future>(f: F) -> F::Output {
+    use std::task::{Context, Poll, Waker};
+    let bound = Duration::from_secs(30);
+    let deadline = Instant::now() + bound;
+    let mut f = std::pin::pin!(f);
+    let mut cx = Context::from_waker(Waker::noop());
+    loop {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the future was not ready within {bound:?}"
+        );
+        thread::yield_now();
+    }
+}
+
+/// The text a panic a test causes on purpose carries: the hook [`expect_panics`] installs
+/// keeps such panics quiet, and prints every other one as usual.
+pub const EXPECTED_PANIC: &str = "expected panic";
+
+/// Quiets the panics tests cause on purpose (their message contains [`EXPECTED_PANIC`]) for
+/// the rest of the test binary, leaving every other panic, an assertion's included, to the
+/// hook that was there before.
+pub fn expect_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !info.to_string().contains(EXPECTED_PANIC) {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// Sets its flag when dropped, however the scope it guards ends: a test's helper threads
+/// that loop until the flag is set stop even when the test's own assertion fails (a scope
+/// would otherwise wait for them for ever, and the test hang instead of failing).
+pub struct StopOnDrop<'a>(pub &'a std::sync::atomic::AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 /// A spawner that queues refresh jobs for the test to run (or drop) when it likes, and drops
 /// load tasks (the tests that use it hand off no futures).
 #[derive(Clone, Default)]
