@@ -429,15 +429,25 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     }
 
     /// Each load's own deadline, counted from its start (optional, strongly recommended; from
-    /// 1 ns to [`MAX_DURATION`]). A loader that hangs (a dead connection, a lost reply) would
-    /// otherwise hold its key, and with
-    /// [`max_concurrent_loads`](Self::max_concurrent_loads) one of the cache's permits,
-    /// forever. At the deadline the load is detached:
+    /// 1 ns to [`MAX_DURATION`]).
+    ///
+    /// **Without it (the default), nothing bounds a load.** A loader that hangs (a dead
+    /// connection, a lost reply), a leading future that is neither polled nor dropped, or a
+    /// [`Spawner`](crate::Spawner) that holds a task without running it blocks its key for
+    /// ever: every caller of the key waits on that load (callers with their own deadline,
+    /// such as [`get_or_load_timeout`](crate::Cache::get_or_load_timeout), give up at it), and
+    /// with [`max_concurrent_loads`](Self::max_concurrent_loads) it holds one of the cache's
+    /// permits for ever too. There is no default deadline because no duration suits every
+    /// source: a load that legitimately takes minutes would be cut off by any guess.
+    ///
+    /// At the deadline the load is detached:
     ///
     /// - its waiters get the value it replaces if that expired at most
     ///   [`max_stale`](Self::max_stale) ago (during an early refresh, the still-valid
     ///   value), else [`LoadError::LoadTimedOut`](crate::LoadError::LoadTimedOut);
-    /// - its load permit is returned, and the next caller starts a fresh load;
+    /// - its load permit is returned, and the next caller starts a fresh load (a reader
+    ///   that meets an early refresh past its deadline detaches it too);
+    /// - a caller that waits for a load permit waits at most this long;
     /// - a late result is discarded: it never replaces what was written since;
     /// - it is counted in [`Stats::load_timeouts`](crate::Stats::load_timeouts).
     ///

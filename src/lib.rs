@@ -84,7 +84,8 @@
 //!   (strongly recommended): a loader that hangs is detached at it, its waiters are answered
 //!   (the stale value within `max_stale`, else [`LoadError::LoadTimedOut`]), its load permit
 //!   is returned, the next caller loads afresh, and the detached load's late result is
-//!   never cached.
+//!   never cached. It is off by default, and then a loader that never returns blocks its
+//!   key for ever (callers with a deadline of their own still give up at it).
 //! - An [`insert`](Cache::insert) or [`invalidate`](Cache::invalidate) during a load wins:
 //!   the load's result reaches its own waiters but is not cached, so it can never overwrite
 //!   newer data. [`forget`](Cache::forget) detaches a load: its waiters look again (one of
