@@ -200,6 +200,29 @@ where
         }
     }
 
+    /// The shared tier as this instance sees it now (feature `redis`), or `None` without one:
+    /// whether it hears the other instances' writes, and whether Redis answers.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use herdcache::fleet::{RedisTier, Utf8};
+    /// let tier = RedisTier::builder("redis://127.0.0.1/")
+    ///     .key_prefix("users:")
+    ///     .build(|k: &String| k.clone(), Utf8)?;
+    /// let cache: herdcache::Cache<String, String> =
+    ///     herdcache::Cache::builder().max_capacity(1_000).shared_tier(tier).build()?;
+    /// // A readiness probe: serve once this instance hears the fleet's writes.
+    /// let ready = cache.shared_status().is_none_or(|s| s.subscribed);
+    /// # let _ = ready;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub fn shared_status(&self) -> Option<crate::fleet::TierStatus> {
+        self.inner.shared().map(|t| t.status())
+    }
+
     /// Removes `key`'s entry. Returns whether it held a value that [`get`](Self::get) would
     /// have returned (an expired entry is removed too, but returns false).
     ///

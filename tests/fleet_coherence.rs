@@ -69,7 +69,19 @@ impl Source {
     }
 }
 
-/// Waits until every instance is subscribed to the tier's channel.
+/// Waits until each of these instances says it is subscribed (Redis counts a subscriber a
+/// moment before the instance has seen its subscription confirmed, and a load that began
+/// before then drops what it installed, as the link changed under it).
+fn linked(instances: &[&Cache<String, String>]) {
+    wait_until("instances subscribed", || {
+        instances
+            .iter()
+            .all(|c| c.shared_status().is_some_and(|s| s.subscribed))
+    });
+}
+
+/// Waits until `instances` subscribers (other processes) are subscribed to the tier's
+/// channel, as Redis counts them.
 fn subscribed(redis: &RedisServer, prefix: &str, instances: usize) {
     let mut c = redis.client();
     let channel = format!("{prefix}inv");
@@ -95,7 +107,7 @@ fn an_invalidate_reaches_the_shared_tier_and_every_instance() {
         return;
     };
     let (a, b) = (instance(&redis.url(), "c1:"), instance(&redis.url(), "c1:"));
-    subscribed(&redis, "c1:", 2);
+    linked(&[&a, &b]);
     let source = Source::default();
     assert_eq!(read(&a, &source), "v0");
     assert_eq!(read(&b, &source), "v0");
@@ -133,7 +145,7 @@ fn an_insert_reaches_the_shared_tier_and_every_instance() {
         return;
     };
     let (a, b) = (instance(&redis.url(), "c2:"), instance(&redis.url(), "c2:"));
-    subscribed(&redis, "c2:", 2);
+    linked(&[&a, &b]);
     let source = Source::default();
     assert_eq!(read(&b, &source), "v0");
     a.insert("k".to_owned(), "written".to_owned());
@@ -160,7 +172,7 @@ fn invalidate_all_reaches_the_shared_tier_and_every_instance() {
         return;
     };
     let (a, b) = (instance(&redis.url(), "c3:"), instance(&redis.url(), "c3:"));
-    subscribed(&redis, "c3:", 2);
+    linked(&[&a, &b]);
     let source = Source::default();
     let key = |i: usize| format!("k{i}");
     for i in 0..10 {
@@ -192,7 +204,7 @@ fn remove_and_retain_invalidate_in_the_shared_tier_and_every_instance() {
         instance(&redis.url(), "c11:"),
         instance(&redis.url(), "c11:"),
     );
-    subscribed(&redis, "c11:", 2);
+    linked(&[&a, &b]);
     let source = Source::default();
     let key = |i: usize| format!("k{i}");
     for i in 0..4 {
@@ -225,7 +237,7 @@ fn a_load_that_raced_an_invalidation_never_puts_the_old_value_back() {
         return;
     };
     let (a, b) = (instance(&redis.url(), "c4:"), instance(&redis.url(), "c4:"));
-    subscribed(&redis, "c4:", 2);
+    linked(&[&a, &b]);
     let source = Arc::new(Source::default());
     // B loads: it reads the source's old value, then stalls before returning it.
     let (read_old, b_has_read) = mpsc::channel();
@@ -271,7 +283,7 @@ fn a_generation_lost_while_a_load_runs_does_not_let_the_old_value_back() {
         instance(&redis.url(), "c10:"),
         instance(&redis.url(), "c10:"),
     );
-    subscribed(&redis, "c10:", 2);
+    linked(&[&a, &b]);
     let (read_old, b_has_read) = mpsc::channel();
     let (finish, b_gate) = mpsc::channel::<()>();
     let b_call = {
@@ -330,7 +342,7 @@ fn after_the_link_is_lost_no_instance_serves_a_value_older_than_the_bound() {
         return;
     };
     let (a, b) = (instance(&redis.url(), "c6:"), instance(&redis.url(), "c6:"));
-    subscribed(&redis, "c6:", 2);
+    linked(&[&a, &b]);
     let source = Source::default();
     assert_eq!(read(&b, &source), "v0");
     redis.stop();
@@ -342,7 +354,7 @@ fn after_the_link_is_lost_no_instance_serves_a_value_older_than_the_bound() {
     assert!(b.stats().shared_stale_dropped >= 1);
     eprintln!("B served the new value {took:?} after the write (bound {BOUND:?})");
     redis.restart();
-    subscribed(&redis, "c6:", 2);
+    linked(&[&a, &b]);
     for cache in [&a, &b] {
         assert_eq!(read(cache, &source), new);
     }

@@ -587,6 +587,21 @@ impl<V: 'static> Hooks<V> for TierHooks<'_, V> {
     }
 }
 
+/// What an instance knows of its shared tier, from
+/// [`Cache::shared_status`](crate::Cache::shared_status): for readiness probes, and for
+/// tests that must wait until an instance hears the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TierStatus {
+    /// Subscribed to the tier's channel: the local copies this instance keeps from now on
+    /// are dropped when another instance writes their key. While not, copies live at most
+    /// the coherence bound.
+    pub subscribed: bool,
+    /// Redis answered the last operation that tried it: loads and writes use the tier
+    /// (after a failure it is skipped for `retry_after`, and reads are served locally).
+    pub reachable: bool,
+}
+
 /// A load that went through the tier: its result, what the local cache keeps of it, and
 /// what the instance had heard when it began.
 pub(crate) struct Fetched<V, E> {
@@ -616,6 +631,14 @@ struct Names {
 }
 
 impl<K, V: 'static> RedisTier<K, V> {
+    /// What this instance knows of the tier now.
+    pub(crate) fn status(&self) -> TierStatus {
+        TierStatus {
+            subscribed: self.coherence.link_up(),
+            reachable: !self.health.is_down(),
+        }
+    }
+
     /// The coherence state this tier's instance shares with its subscriber.
     pub(crate) fn coherence(&self) -> &Arc<Coherence> {
         &self.coherence
