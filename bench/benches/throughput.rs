@@ -11,6 +11,14 @@
 //!   written beside criterion's results, to `target/criterion/cache_aside/hit_ratio.tsv`
 //!   (cache, threads, hit ratio), where `bench-report` reads it.
 //!
+//! - `cache_aside_source_1us`, `_10us`, `_100us`: cache-aside as a service does it, through
+//!   each cache's loading call (herdcache's `get_with`, quick_cache's `get_or_insert_with`,
+//!   moka's `get_with`; get, then insert, for the others), where a miss costs a load from a
+//!   simulated source that spins for 1, 10 or 100 µs; Zipf(1.0) over 1M keys at capacity
+//!   100k. The reads and the source's loads of every measured run are written to
+//!   `target/criterion/cache_aside_source/loads.tsv` (cache, source µs, threads, reads,
+//!   loads) for `bench-report`: there the hit ratio and single flight pay.
+//!
 //! Threads: `HERDCACHE_BENCH_THREADS` (comma-separated, default `1,2`). std's `HashMap` runs
 //! single-threaded only, as the floor for a read. Run:
 //! `cargo bench -p herdcache-bench --bench throughput`; `bench-report` turns the results in
@@ -37,6 +45,9 @@ const SEQUENCE: usize = 1 << 16;
 /// Length of a cache-aside thread's sequence: long enough to hold several times the
 /// capacity in distinct keys, so that the cache misses and evicts as a service's would.
 const LONG_SEQUENCE: usize = 1 << 21;
+/// Reads that bring a cache-aside-with-a-source cache to its steady state before it is
+/// measured (a few times the distinct keys a capacity's worth of Zipf(1.0) reads touch).
+const WARM_READS: usize = 1 << 22;
 
 fn thread_counts() -> Vec<usize> {
     let spec = std::env::var("HERDCACHE_BENCH_THREADS").unwrap_or_else(|_| "1,2".into());
@@ -59,6 +70,25 @@ enum Op {
     Mixed,
     Churn,
     CacheAside,
+    /// Cache-aside through the loading call, a miss costing the source this many µs.
+    Source(u64),
+}
+
+/// How long the simulated source spends on one load, in nanoseconds.
+static SOURCE_NANOS: AtomicU64 = AtomicU64::new(0);
+/// Loads the simulated source served.
+static SOURCE_LOADS: AtomicU64 = AtomicU64::new(0);
+
+/// A load from the simulated source: it keeps the core busy for `SOURCE_NANOS` (a remote
+/// call's latency, which a spin stands for without the scheduler's noise), and is counted.
+fn source_load(key: u64) -> u64 {
+    SOURCE_LOADS.fetch_add(1, Ordering::Relaxed);
+    let spin = Duration::from_nanos(SOURCE_NANOS.load(Ordering::Relaxed));
+    let start = Instant::now();
+    while start.elapsed() < spin {
+        std::hint::spin_loop();
+    }
+    key
 }
 
 /// Long-lived worker threads (as in a service), each with its key sequence, that run
@@ -92,7 +122,7 @@ impl Workers {
                 let seq = match op {
                     Op::Read(d) => keys(d, PRELOADED, SEQUENCE, seed),
                     Op::Mixed => keys(Distribution::Zipf(1.0), MIXED_KEYS, SEQUENCE, seed),
-                    Op::CacheAside => {
+                    Op::CacheAside | Op::Source(_) => {
                         keys(Distribution::Zipf(1.0), MIXED_KEYS, LONG_SEQUENCE, seed)
                     }
                     Op::Churn => Vec::new(),
@@ -129,6 +159,11 @@ impl Workers {
                                         }
                                     }
                                 }
+                                Op::Source(_) => {
+                                    for &k in &seq[at..at + BATCH] {
+                                        found = found.wrapping_add(cache.get_or_load(k, source_load));
+                                    }
+                                }
                                 Op::Churn => {
                                     for _ in 0..BATCH {
                                         fresh += 1;
@@ -138,9 +173,15 @@ impl Workers {
                             }
                             at = (at + BATCH) % seq.len().max(BATCH);
                         }
-                        if let Op::CacheAside = op {
-                            reads.fetch_add(n * BATCH as u64, Ordering::Relaxed);
-                            hits.fetch_add(found, Ordering::Relaxed);
+                        match op {
+                            Op::CacheAside => {
+                                reads.fetch_add(n * BATCH as u64, Ordering::Relaxed);
+                                hits.fetch_add(found, Ordering::Relaxed);
+                            }
+                            Op::Source(_) => {
+                                reads.fetch_add(n * BATCH as u64, Ordering::Relaxed);
+                            }
+                            _ => {}
                         }
                         black_box(found);
                         done.wait();
@@ -184,19 +225,27 @@ impl Drop for Workers {
 }
 
 fn bench_one<C: BenchCache>(g: &mut BenchmarkGroup<'_, WallTime>, op: Op, threads: &[usize]) {
-    if matches!(op, Op::Mixed | Op::Churn | Op::CacheAside) && !C::BOUNDED {
+    if !matches!(op, Op::Read(_)) && !C::BOUNDED {
         return;
     }
     // Read workloads leave room to spare (sharded caches such as quick_cache bound each shard,
     // so a cache sized exactly to the keys would already evict some); the others evict.
     let capacity = match op {
         Op::Read(_) => 2 * PRELOADED as usize,
-        Op::Mixed | Op::Churn | Op::CacheAside => CAPACITY,
+        Op::Mixed | Op::Churn | Op::CacheAside | Op::Source(_) => CAPACITY,
     };
     let cache = Arc::new(C::with_capacity(capacity));
-    if let Op::Read(_) | Op::Mixed | Op::CacheAside = op {
+    if let Op::Read(_) | Op::Mixed | Op::CacheAside | Op::Source(_) = op {
         for k in 0..PRELOADED {
             cache.insert(k, k);
+        }
+    }
+    if let Op::Source(_) = op {
+        // To its steady state first, through the loading call, with a source that costs
+        // nothing: the measured runs are then a service's, not a cold start's.
+        SOURCE_NANOS.store(0, Ordering::Relaxed);
+        for k in keys(Distribution::Zipf(1.0), MIXED_KEYS, WARM_READS, 0xC01D) {
+            cache.get_or_load(k, source_load);
         }
     }
     cache.settle();
@@ -210,19 +259,30 @@ fn bench_one<C: BenchCache>(g: &mut BenchmarkGroup<'_, WallTime>, op: Op, thread
     for &t in threads {
         g.throughput(Throughput::Elements((BATCH * t) as u64));
         let workers = Workers::new(&cache, t, op);
+        if let Op::Source(micros) = op {
+            SOURCE_NANOS.store(micros * 1_000, Ordering::Relaxed);
+        }
+        let loads_before = SOURCE_LOADS.load(Ordering::Relaxed);
         g.bench_with_input(BenchmarkId::new(C::NAME, t), &t, |b, _| {
             b.iter_custom(|iters| workers.run(iters))
         });
-        if let Op::CacheAside = op {
-            record_hit_ratio(C::NAME, t, workers.hit_ratio());
+        match op {
+            Op::CacheAside => record_hit_ratio(C::NAME, t, workers.hit_ratio()),
+            Op::Source(micros) => record_source_loads(
+                C::NAME,
+                micros,
+                t,
+                workers.reads.load(Ordering::Relaxed),
+                SOURCE_LOADS.load(Ordering::Relaxed) - loads_before,
+            ),
+            _ => {}
         }
     }
 }
 
-/// Appends a cache-aside hit ratio to `target/criterion/cache_aside/hit_ratio.tsv`,
-/// replacing an earlier line of the same cache and thread count.
-fn record_hit_ratio(cache: &str, threads: usize, ratio: f64) {
-    let dir = std::env::var_os("CARGO_TARGET_DIR")
+/// The directory of a criterion group's results, where the extra figures go beside them.
+fn group_dir(group: &str) -> std::path::PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| {
             std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -230,23 +290,46 @@ fn record_hit_ratio(cache: &str, threads: usize, ratio: f64) {
                 .join("target")
         })
         .join("criterion")
-        .join("cache_aside");
-    let path = dir.join("hit_ratio.tsv");
+        .join(group)
+}
+
+/// Writes `line` (its first `key_fields` tab-separated fields name it) to `file` in `dir`,
+/// replacing an earlier line with the same name.
+fn record_line(dir: &std::path::Path, file: &str, line: &str, key_fields: usize) {
+    let path = dir.join(file);
+    let key: Vec<&str> = line.split('\t').take(key_fields).collect();
     let old = std::fs::read_to_string(&path).unwrap_or_default();
-    let prefix = format!("{cache}\t{threads}\t");
     let mut text: String = old
         .lines()
-        .filter(|l| !l.starts_with(&prefix))
+        .filter(|l| l.split('\t').take(key_fields).collect::<Vec<_>>() != key)
         .map(|l| format!("{l}\n"))
         .collect();
-    text.push_str(&format!("{prefix}{ratio:.4}\n"));
+    text.push_str(line);
+    text.push('\n');
+    if let Err(e) = std::fs::create_dir_all(dir).and_then(|()| std::fs::write(&path, text)) {
+        eprintln!("could not write {}: {e}", path.display());
+    }
+}
+
+/// Records a cache-aside-with-source run's reads and source loads in
+/// `target/criterion/cache_aside_source/loads.tsv`.
+fn record_source_loads(cache: &str, micros: u64, threads: usize, reads: u64, loads: u64) {
+    eprintln!(
+        "cache_aside_source_{micros}us: {cache} at {threads} thread(s): {loads} source loads for {reads} reads ({:.2}% hit)",
+        100.0 * (1.0 - loads as f64 / reads.max(1) as f64)
+    );
+    let line = format!("{cache}\t{micros}\t{threads}\t{reads}\t{loads}");
+    record_line(&group_dir("cache_aside_source"), "loads.tsv", &line, 3);
+}
+
+/// Records a cache-aside hit ratio in `target/criterion/cache_aside/hit_ratio.tsv`.
+fn record_hit_ratio(cache: &str, threads: usize, ratio: f64) {
     eprintln!(
         "cache_aside: {cache} at {threads} thread(s): hit ratio {:.1}%",
         ratio * 100.0
     );
-    if let Err(e) = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, text)) {
-        eprintln!("cache_aside: could not write {}: {e}", path.display());
-    }
+    let line = format!("{cache}\t{threads}\t{ratio:.4}");
+    record_line(&group_dir("cache_aside"), "hit_ratio.tsv", &line, 2);
 }
 
 fn bench_std_hashmap(g: &mut BenchmarkGroup<'_, WallTime>, d: Distribution) {
@@ -284,6 +367,9 @@ fn main() {
         ("mixed_90_10", Op::Mixed),
         ("insert_churn", Op::Churn),
         ("cache_aside", Op::CacheAside),
+        ("cache_aside_source_1us", Op::Source(1)),
+        ("cache_aside_source_10us", Op::Source(10)),
+        ("cache_aside_source_100us", Op::Source(100)),
     ];
     for (name, op) in workloads {
         let mut g = c.benchmark_group(name);

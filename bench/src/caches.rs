@@ -159,6 +159,10 @@ impl BenchCache for Moka {
     fn settle(&self) {
         self.0.run_pending_tasks();
     }
+    #[inline]
+    fn get_or_load(&self, key: u64, load: fn(u64) -> u64) -> u64 {
+        self.0.get_with(key, || load(key))
+    }
 }
 
 /// `quick_cache::sync::Cache` (sharded, S3-FIFO-like CLOCK-Pro).
