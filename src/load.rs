@@ -95,10 +95,12 @@ impl<E> Clone for LoadError<E> {
     }
 }
 
-impl<E: fmt::Display> fmt::Display for LoadError<E> {
+/// What went wrong, without the loader's own error: that is the `source()`, so that a report
+/// printing the chain (anyhow's `{:#}`, `Error::source` walks) shows it once.
+impl<E> fmt::Display for LoadError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            LoadError::Failed(e) => write!(f, "loader failed: {e}"),
+            LoadError::Failed(_) => f.write_str("loader failed"),
             LoadError::Panicked => f.write_str("loader panicked"),
             LoadError::Timeout => f.write_str("timed out waiting for the load"),
             LoadError::LoadTimedOut => f.write_str("the load ran past its load_timeout"),
@@ -111,24 +113,109 @@ impl<E: fmt::Display> fmt::Display for LoadError<E> {
     }
 }
 
-/// Any loader error that can be shown makes a `LoadError` a `std::error::Error`, so `?`
-/// works into `anyhow::Error`, `Box<dyn Error + Send + Sync>` and the like, whatever the
-/// loader's own error type (`String`, `anyhow::Error`, an `io::Error`...). The loader's
-/// error is part of the message (`loader failed: ...`) and is not repeated as a `source()`,
-/// so a report that prints the chain shows it once; match on [`LoadError::Failed`] to get
-/// the error itself.
+/// A `LoadError` is a `std::error::Error` whatever the loader's error type (`String`,
+/// `anyhow::Error`, an `io::Error`, your own), so `?` works into `anyhow::Error`,
+/// `Box<dyn Error + Send + Sync>` and the like. Its `source()` is the loader's error, shown
+/// as that error shows itself: a report that prints the chain (anyhow's `{:#}`, a walk of
+/// `source()`) shows it once, after "loader failed". Where the loader's error carries a chain
+/// of its own, the chain goes on through it: an `anyhow::Error` (with the `anyhow` feature),
+/// a `Box<dyn Error (+ Send + Sync)>`, an `Arc<dyn Error + Send + Sync>`, an `io::Error`.
+/// For the loader's error as its own type, match [`LoadError::Failed`] (or
+/// [`LoadError::failed`]).
 ///
 /// ```
-/// fn lookup(cache: &herdcache::Cache<u32, String>) -> Result<String, Box<dyn std::error::Error>> {
-///     // A loader whose error is a plain `String`.
-///     let v = cache.get_or_load(&1, |_| Err::<String, _>("source down".to_owned()))?;
-///     Ok(v)
+/// # #[cfg(feature = "anyhow")] {
+/// use anyhow::Context;
+/// #[derive(Debug)]
+/// struct DbDown;
+/// impl std::fmt::Display for DbDown {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+///         f.write_str("connection refused")
+///     }
 /// }
-/// let cache = herdcache::Cache::builder().max_capacity(10).build()?;
-/// assert_eq!(lookup(&cache).unwrap_err().to_string(), "loader failed: source down");
-/// # Ok::<(), herdcache::BuildError>(())
+/// impl std::error::Error for DbDown {}
+///
+/// fn lookup(cache: &herdcache::Cache<u32, String>) -> anyhow::Result<String> {
+///     Ok(cache.get_or_load(&1, |id| Err(DbDown).context(format!("loading user {id}")))?)
+/// }
+/// let cache = herdcache::Cache::builder().max_capacity(10).build().unwrap();
+/// let e = lookup(&cache).unwrap_err();
+/// assert_eq!(e.to_string(), "loader failed");
+/// assert_eq!(format!("{e:#}"), "loader failed: loading user 1: connection refused");
+/// assert!(e.chain().any(|c| c.downcast_ref::<DbDown>().is_some()));
+/// # }
 /// ```
-impl<E: fmt::Debug + fmt::Display> std::error::Error for LoadError<E> {}
+impl<E: fmt::Debug + fmt::Display + Send + Sync + 'static> std::error::Error for LoadError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LoadError::Failed(e) => Some(LoaderError::of(&**e)),
+            _ => None,
+        }
+    }
+}
+
+impl<E> LoadError<E> {
+    /// The loader's own error, if the load failed with one.
+    ///
+    /// ```
+    /// let cache: herdcache::Cache<u32, u32> = herdcache::Cache::builder().max_capacity(10).build()?;
+    /// let e = cache.get_or_load(&1, |_| Err("not found")).unwrap_err();
+    /// assert_eq!(e.failed(), Some(&"not found"));
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    pub fn failed(&self) -> Option<&E> {
+        match self {
+            LoadError::Failed(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// The loader's error as the source of a [`LoadError`]: shown as it shows itself, its own
+/// chain reached where its type can carry one.
+#[repr(transparent)]
+struct LoaderError<E>(E);
+
+impl<E> LoaderError<E> {
+    fn of(e: &E) -> &Self {
+        // SAFETY: `LoaderError<E>` is a transparent wrapper of `E`.
+        unsafe { &*(e as *const E as *const Self) }
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for LoaderError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl<E: fmt::Debug> fmt::Debug for LoaderError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl<E: fmt::Debug + fmt::Display + Send + Sync + 'static> std::error::Error for LoaderError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        use std::error::Error;
+        // The types that carry a chain behind their message: the next link is theirs.
+        let e: &dyn Any = &self.0;
+        #[cfg(feature = "anyhow")]
+        if let Some(e) = e.downcast_ref::<anyhow::Error>() {
+            return (**e).source();
+        }
+        if let Some(e) = e.downcast_ref::<Box<dyn Error + Send + Sync>>() {
+            return e.source();
+        }
+        if let Some(e) = e.downcast_ref::<Arc<dyn Error + Send + Sync>>() {
+            return e.source();
+        }
+        if let Some(e) = e.downcast_ref::<std::io::Error>() {
+            return e.source();
+        }
+        None
+    }
+}
 
 /// What a caller that is not the leader makes of a finished flight.
 pub(crate) enum Joined<V, E> {

@@ -294,3 +294,47 @@ fn an_idle_cache_reports_no_hit_ratio() {
     let c = cache();
     assert_eq!(c.stats().hit_ratio(), 0.0);
 }
+
+/// A database error behind an anyhow context, as a service's loader returns it.
+#[derive(Debug)]
+struct DbDown;
+
+impl std::fmt::Display for DbDown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("connection refused")
+    }
+}
+
+impl std::error::Error for DbDown {}
+
+/// The loader's error is the `source()` of the cache's error, not part of its message, and
+/// a chain reaches the loader's root cause: anyhow's `{:#}` shows every link once, and a
+/// search of `chain()` finds the database's error. (The message used to carry the loader's
+/// error and `source()` was `None`: `{:#}` printed "loader failed: loading user 1", and the
+/// database's error could not be found.)
+#[test]
+fn a_loader_error_is_the_source_and_its_chain_reaches_the_root_cause() {
+    use anyhow::Context;
+    let c = cache();
+    let lookup = |id: u64| -> anyhow::Result<u64> {
+        Ok(c.get_or_load(&id, |id| {
+            Err::<u64, _>(DbDown).with_context(|| format!("loading user {id}"))
+        })?)
+    };
+    let e = lookup(1).unwrap_err();
+    assert_eq!(e.to_string(), "loader failed");
+    assert_eq!(
+        format!("{e:#}"),
+        "loader failed: loading user 1: connection refused"
+    );
+    assert!(
+        e.chain().any(|c| c.downcast_ref::<DbDown>().is_some()),
+        "the chain reaches the database's error: {:?}",
+        e.chain().map(|c| c.to_string()).collect::<Vec<_>>()
+    );
+    // A typed loader error is the source as itself shows, and is matched as itself.
+    let typed = c.get_or_load(&2, |_| Err::<u64, _>(DbDown)).unwrap_err();
+    let source = std::error::Error::source(&typed).expect("the loader's error");
+    assert_eq!(source.to_string(), "connection refused");
+    assert!(matches!(typed.failed(), Some(DbDown)));
+}

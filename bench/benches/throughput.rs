@@ -161,7 +161,8 @@ impl Workers {
                                 }
                                 Op::Source(_) => {
                                     for &k in &seq[at..at + BATCH] {
-                                        found = found.wrapping_add(cache.get_or_load(k, source_load));
+                                        found =
+                                            found.wrapping_add(cache.get_or_load(k, source_load));
                                     }
                                 }
                                 Op::Churn => {

@@ -159,7 +159,14 @@ fn source_runs(criterion: &Path) -> BTreeMap<(String, u64, usize), SourceRun> {
                 reads: reads.parse().ok()?,
                 loads: loads.parse().ok()?,
             };
-            Some(((cache.to_owned(), micros.parse().ok()?, threads.parse().ok()?), run))
+            Some((
+                (
+                    cache.to_owned(),
+                    micros.parse().ok()?,
+                    threads.parse().ok()?,
+                ),
+                run,
+            ))
         })
         .collect()
 }
