@@ -135,7 +135,7 @@ impl Codec<Vec<u8>> for Raw {
 /// # Ok::<(), herdcache::fleet::CodecError>(())
 /// ```
 #[cfg(feature = "serde")]
-#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+#[cfg_attr(docsrs, doc(cfg(all(feature = "redis", feature = "serde"))))]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Json;
 
