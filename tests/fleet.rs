@@ -646,3 +646,30 @@ fn a_future_outside_tokio_loads_locally_and_is_counted() {
     let s = cache.stats();
     assert_eq!((s.loads, s.shared_skipped, s.shared_loads), (1, 1, 0));
 }
+
+/// A fleet test skipped for want of `redis-server` says so in the normal output of
+/// `cargo test`, not only under `--nocapture` (its message used to be captured with the
+/// output of a passing test, and the test just read "ok"). Runs one fleet test of this
+/// binary again with no `redis-server` on its `PATH`.
+#[test]
+fn a_skipped_fleet_test_says_so_in_the_normal_output() {
+    let empty = std::env::temp_dir().join(format!("herdcache-no-redis-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).expect("a temporary directory");
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "a_future_outside_tokio_loads_locally_and_is_counted",
+            "--exact",
+            "--test-threads=1",
+        ])
+        .env("PATH", &empty)
+        .env_remove("HERDCACHE_REQUIRE_REDIS")
+        .output()
+        .expect("the test binary runs again");
+    let _ = std::fs::remove_dir(&empty);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("SKIPPED a_future_outside_tokio"),
+        "the skip is not in the output:\n{text}"
+    );
+}

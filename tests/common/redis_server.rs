@@ -29,7 +29,12 @@ impl RedisServer {
                 std::env::var_os("HERDCACHE_REQUIRE_REDIS").is_none(),
                 "HERDCACHE_REQUIRE_REDIS is set but redis-server is not installed"
             );
-            eprintln!(
+            // Straight to the process's standard error, past the test harness's capture of
+            // `eprintln!`, which shows a passing test's output only under `--nocapture`: the
+            // skip must show in the normal output, where the test is reported "ok".
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr().lock(),
                 "SKIPPED {test}: redis-server is not installed (apt-get install redis-server)"
             );
             return None;
