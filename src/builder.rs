@@ -563,17 +563,21 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     /// nothing (except that when it panics putting back a failed refresh's still-valid value,
     /// that entry is removed instead).
     ///
+    /// Weights are `u64` (byte sizes of any value fit), and the cache fills to its capacity
+    /// exactly: nothing is evicted while the total weight, the new entry's included, is at
+    /// most `max_capacity`.
+    ///
     /// ```
     /// let cache: herdcache::Cache<u32, String> = herdcache::Cache::builder()
     ///     .max_capacity(1_000) // bytes of string data
-    ///     .weigher(|_key, value: &String| value.len().try_into().unwrap_or(u32::MAX))
+    ///     .weigher(|_key, value: &String| value.len() as u64)
     ///     .build()?;
     /// cache.insert(1, "x".repeat(600));
     /// cache.insert(2, "y".repeat(600)); // 1,200 bytes > 1,000: one of them is evicted
     /// assert_eq!(cache.entry_count(), 1);
     /// # Ok::<(), herdcache::BuildError>(())
     /// ```
-    pub fn weigher(mut self, weigher: impl Fn(&K, &V) -> u32 + Send + Sync + 'static) -> Self {
+    pub fn weigher(mut self, weigher: impl Fn(&K, &V) -> u64 + Send + Sync + 'static) -> Self {
         self.hooks.weigher = Some(Arc::new(weigher));
         self
     }
@@ -801,7 +805,12 @@ where
                 reason: "does not fit this platform's address space",
             })?,
         };
+        let weighted = self.hooks.weigher.is_some();
         let initial_capacity = match self.initial_capacity {
+            // With a weigher, `max_capacity` is a weight and `initial_capacity` a count of
+            // entries: they do not compare (the table never needs room for more entries
+            // than the capacity, a weight being at least 1, so it is sized for at most that).
+            Some(n) if weighted => n.min(max_capacity).min(MAX_INITIAL_CAPACITY),
             Some(n) if n > max_capacity => {
                 return Err(BuildError::Invalid {
                     setting: "initial_capacity",

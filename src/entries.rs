@@ -67,7 +67,7 @@ where
     /// ```
     /// let cache = herdcache::Cache::builder()
     ///     .max_capacity(100)
-    ///     .weigher(|_k: &u32, v: &String| v.len() as u32)
+    ///     .weigher(|_k: &u32, v: &String| v.len() as u64)
     ///     .build()?;
     /// cache.insert(1, "four".to_string());
     /// cache.insert(2, "three".to_string());

@@ -100,7 +100,7 @@ fn call_listener<K, V>(listen: &Listener<K, V>, node: &Node<K, Entry<V>>, cause:
 /// The user's eviction listener.
 pub(crate) type Listener<K, V> = Arc<dyn Fn(&K, &V, RemovalCause) + Send + Sync>;
 /// The user's weigher.
-pub(crate) type Weigher<K, V> = Arc<dyn Fn(&K, &V) -> u32 + Send + Sync>;
+pub(crate) type Weigher<K, V> = Arc<dyn Fn(&K, &V) -> u64 + Send + Sync>;
 /// The user's per-value time to live (`CacheBuilder::expire_after`).
 pub(crate) type ExpireAfter<K, V> = Arc<dyn Fn(&K, &V) -> Option<Duration> + Send + Sync>;
 
@@ -148,7 +148,7 @@ impl<K, V> Hooks<K, V> {
             // A weight of 0 counts as 1, so every entry counts against the bound.
             Some(w) => {
                 crate::sync::user_code_may_run("the weigher");
-                u64::from(w(key, value)).max(1)
+                w(key, value).max(1)
             }
             None => 1,
         }

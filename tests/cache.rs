@@ -384,7 +384,7 @@ fn an_eviction_made_after_a_listener_ran_judges_expiry_by_the_time_after_it() {
     let c: Cache<u32, u32> = Cache::builder()
         .max_capacity(100)
         .time_to_live(Duration::from_secs(10))
-        .weigher(|_k: &u32, v: &u32| *v)
+        .weigher(|_k: &u32, v: &u32| u64::from(*v))
         .clock(clock.clone())
         .eviction_listener(move |_k: &u32, _v: &u32, cause| {
             if cause == herdcache::RemovalCause::Replaced {

@@ -158,7 +158,7 @@ fn a_panicking_retain_predicate_keeps_what_it_removed_removed() {
 fn weighted_size_is_the_sum_of_the_weights_and_stays_within_the_capacity() {
     let cache: Cache<u32, Vec<u8>> = Cache::builder()
         .max_capacity(1_000)
-        .weigher(|_, v: &Vec<u8>| v.len() as u32)
+        .weigher(|_, v: &Vec<u8>| v.len() as u64)
         .build()
         .unwrap();
     cache.insert(1, vec![0; 300]);

@@ -149,7 +149,7 @@ fn a_weigher_bounds_the_total_weight() {
     let seen = log.clone();
     let c: Cache<u32, String> = Cache::builder()
         .max_capacity(1_000)
-        .weigher(|_, v: &String| v.len() as u32)
+        .weigher(|_, v: &String| v.len() as u64)
         .eviction_listener(move |k: &u32, _: &String, cause| seen.lock().unwrap().push((*k, cause)))
         .build()
         .unwrap();
@@ -168,13 +168,65 @@ fn a_weigher_bounds_the_total_weight() {
     assert!(c.entry_count() < 20);
 }
 
+/// A weighted cache fills to its capacity exactly: nothing is evicted while the entries,
+/// the new one included, weigh at most `max_capacity`. (A cache of 1 MiB used to hold 15
+/// entries of 65,535 bytes, evicting the first for size as the 16th came, though the 16
+/// weigh 1,048,560 bytes: the main space's share was too small for it, and the window's
+/// unused.) Weights are `u64`: entries of several GiB count as they weigh.
+#[test]
+fn a_weighted_cache_fills_to_its_capacity_exactly() {
+    let log: Arc<Mutex<Vec<(u32, RemovalCause)>>> = Arc::default();
+    let seen = log.clone();
+    let c: Cache<u32, u64> = Cache::builder()
+        .max_capacity(1 << 20)
+        .weigher(|_, v: &u64| *v)
+        .eviction_listener(move |k: &u32, _: &u64, cause| seen.lock().unwrap().push((*k, cause)))
+        .build()
+        .unwrap();
+    for k in 0..16 {
+        c.insert(k, 65_535);
+    }
+    assert_eq!(*log.lock().unwrap(), [], "evicted below the capacity");
+    assert_eq!((c.entry_count(), c.weighted_size()), (16, 16 * 65_535));
+    c.insert(16, 65_535);
+    assert_eq!(log.lock().unwrap().len(), 1, "over the capacity: one goes");
+    assert!(c.weighted_size() <= 1 << 20);
+
+    // Weights beyond u32: two entries of 5 GiB in a cache of 10 GiB, and no third.
+    const GIB: u64 = 1 << 30;
+    let big: Cache<u32, u64> = Cache::builder()
+        .max_capacity(10 * GIB)
+        .weigher(|_, v: &u64| *v)
+        .build()
+        .unwrap();
+    big.insert(1, 5 * GIB);
+    big.insert(2, 5 * GIB);
+    assert_eq!((big.entry_count(), big.weighted_size()), (2, 10 * GIB));
+    big.insert(3, 5 * GIB);
+    assert_eq!(big.weighted_size(), 10 * GIB, "one of three went");
+}
+
+/// With a weigher, `initial_capacity` counts entries and `max_capacity` weighs them: they do
+/// not compare, so quick_cache's mapping (`with_weighter(items, weight, ..)`) builds.
+#[test]
+fn a_weighted_cache_takes_an_initial_capacity_above_its_weight() {
+    let c: Cache<u32, Vec<u8>> = Cache::builder()
+        .initial_capacity(1_000)
+        .max_capacity(500)
+        .weigher(|_, v: &Vec<u8>| v.len() as u64)
+        .build()
+        .expect("a count of entries and a weight do not compare");
+    c.insert(1, vec![0; 400]);
+    assert_eq!(c.weighted_size(), 400);
+}
+
 #[test]
 fn a_value_heavier_than_the_capacity_is_evicted_at_once() {
     let log: Arc<Mutex<Vec<(u32, RemovalCause)>>> = Arc::default();
     let seen = log.clone();
     let c: Cache<u32, Vec<u8>> = Cache::builder()
         .max_capacity(100)
-        .weigher(|_, v: &Vec<u8>| v.len() as u32)
+        .weigher(|_, v: &Vec<u8>| v.len() as u64)
         .eviction_listener(move |k: &u32, _: &Vec<u8>, cause| {
             seen.lock().unwrap().push((*k, cause))
         })
@@ -234,7 +286,7 @@ proptest! {
             .time_to_live(Duration::from_millis(500))
             .clock(clock.clone())
             // A value's weight rides in its low byte; its id (unique) above.
-            .weigher(|_, v: &u64| (*v & 0xff) as u32)
+            .weigher(|_, v: &u64| *v & 0xff)
             .eviction_listener(move |k: &u8, v: &u64, cause| seen.lock().unwrap().push((*k, *v, cause)))
             .build()
             .unwrap();

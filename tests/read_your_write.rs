@@ -122,7 +122,7 @@ fn only_an_entry_heavier_than_the_capacity_leaves_at_its_own_write() {
     let seen = Arc::clone(&log);
     let cache: Cache<u64, u64> = Cache::builder()
         .max_capacity(100)
-        .weigher(|_, v: &u64| *v as u32)
+        .weigher(|_, v: &u64| *v)
         .eviction_listener(move |k: &u64, _: &u64, cause| seen.lock().unwrap().push((*k, cause)))
         .build()
         .unwrap();

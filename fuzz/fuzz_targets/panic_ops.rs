@@ -134,7 +134,7 @@ fuzz_target!(|ops: Vec<Op>| {
             if armed(Spot::Weigher) {
                 panic!("weigher");
             }
-            u32::from(v.n % 4)
+            u64::from(v.n % 4)
         })
         .eviction_listener(|_, _, _| {
             if armed(Spot::Listener) {

@@ -36,7 +36,7 @@ fuzz_target!(|ops: Vec<Op>| {
         .time_to_live(Duration::from_millis(300))
         .clock(clock.clone())
         // The weight rides in the value's low byte, its unique id above it.
-        .weigher(|_, v: &u64| (*v & 0xff) as u32)
+        .weigher(|_, v: &u64| *v & 0xff)
         .eviction_listener(move |k: &u8, v: &u64, cause| seen.lock().unwrap().push((*k, *v, cause)))
         .build()
         .unwrap();

@@ -227,12 +227,6 @@ impl Default for List {
     }
 }
 
-/// A write's weight as a node stores it: the cache's weights come from a `u32` weigher, so
-/// nothing is lost; a larger one (only tests could make it) is held as `u32::MAX`.
-fn stored_weight(weight: u64) -> u32 {
-    u32::try_from(weight).unwrap_or(u32::MAX)
-}
-
 /// An entry the policy chose to evict, already detached (its record released): the caller
 /// removes its node from the table, if the table still holds it and it is not a load in
 /// progress, while it holds the shard's lock.
@@ -290,10 +284,10 @@ enum Keys {
 pub(crate) struct Core {
     nodes: Vec<PNode>,
     keys: Keys,
-    /// Each record's weight (at most `u32::MAX`: a weigher's answer, see `Write::weight`),
-    /// by record number; `None` while every write has weighed 1, as without a weigher, and
-    /// then a record at or past the end weighs 1 too.
-    weights: Option<Vec<u32>>,
+    /// Each record's weight (a weigher's answer, see `Write::weight`), by record number;
+    /// `None` while every write has weighed 1, as without a weigher, and then a record at or
+    /// past the end weighs 1 too.
+    weights: Option<Vec<u64>>,
     free: Vec<u32>,
     lists: [List; 3],
     sketch: Sketch,
@@ -538,21 +532,20 @@ impl Core {
         self.weights
             .as_ref()
             .and_then(|w| w.get(i as usize))
-            .map_or(1, |&w| u64::from(w))
+            .map_or(1, |&w| w)
     }
 
     /// Gives record `i` the weight of a write weighing `weight`. The first weight other than
     /// 1 makes the policy keep weights.
     fn set_weight(&mut self, i: u32, weight: u64) {
-        let stored = stored_weight(weight);
-        if self.weights.is_none() && stored == 1 {
+        if self.weights.is_none() && weight == 1 {
             return;
         }
         let weights = self.weights.get_or_insert_with(Vec::new);
         if weights.len() <= i as usize {
             weights.resize(self.nodes.len().max(i as usize + 1), 1);
         }
-        weights[i as usize] = stored;
+        weights[i as usize] = weight;
     }
 
     /// Records a new key. A shard holds fewer than `NIL` (2^30 - 1) records: each is a node
@@ -867,7 +860,12 @@ impl Core {
             let cw = self.weight_of(c);
             let mut dueled = false;
             loop {
-                if self.main_weight() + cw <= main_max {
+                // Into the main space without a duel while it has room, or while the whole
+                // cache does (with weights, the main space's share may be too small for the
+                // next entry while the window's is unused: a cache of 1 MiB held only 15
+                // entries of 64 KiB, the 16th fitting). With unit weights the second never
+                // holds without the first: the window overflows, so it holds its share.
+                if self.main_weight() + cw <= main_max || self.weight() + cw <= self.max {
                     self.nodes[c as usize].set_unchallenged(!dueled);
                     self.push(c, Region::Probation);
                     break;
