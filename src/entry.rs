@@ -144,7 +144,7 @@ impl<V> Ready<'_, V> {
     /// `Entry::ready`), so a value that never expires is judged by one comparison, with no
     /// look at the idle deadline. `now` is called only if the value can expire.
     #[inline]
-    fn live(&self, now: impl FnOnce() -> u64) -> bool {
+    pub(crate) fn live(&self, now: impl FnOnce() -> u64) -> bool {
         if self.expires_at == NEVER {
             return true;
         }

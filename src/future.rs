@@ -29,7 +29,7 @@ use std::task::{Context, Poll};
 
 use crate::cache::Cache;
 use crate::flight::{Flight, FlightResult, Subscription};
-use crate::load::{Begin, Joined, Lead, LoadError};
+use crate::load::{Absent, Begin, Joined, Lead, LoadError};
 use crate::miss::{PermitWait, Waits};
 use crate::pacing::{Limiter, Queued};
 use crate::timer::{OrDeadline, Sleep};
@@ -160,6 +160,69 @@ where
             match loaded {
                 Ok(v) => return v,
                 Err(e) => Self::retry_infallible(e),
+            }
+        }
+    }
+
+    /// The value for `key`; on a miss, computes it with `init`'s future, which may find
+    /// nothing (then nothing is cached, unless `negative_ttl` caches the absence) and the
+    /// call returns `None`: [`optionally_get_with`](Self::optionally_get_with) for futures,
+    /// following the rules of [`get_with_async`](Self::get_with_async).
+    ///
+    /// # Panics
+    ///
+    /// As [`get_with_async`](Self::get_with_async).
+    ///
+    /// ```
+    /// # fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    /// #     use std::task::{Context, Poll, Waker};
+    /// #     let mut f = std::pin::pin!(f);
+    /// #     let mut cx = Context::from_waker(Waker::noop());
+    /// #     loop { if let Poll::Ready(v) = f.as_mut().poll(&mut cx) { return v; } }
+    /// # }
+    /// let cache: herdcache::Cache<u32, String> = herdcache::Cache::builder().max_capacity(100).build()?;
+    /// let found = block_on(cache.optionally_get_with_async(&1, |id| {
+    ///     let id = *id;
+    ///     async move { (id == 1).then(|| "Ada".to_owned()) }
+    /// }));
+    /// assert_eq!(found.as_deref(), Some("Ada"));
+    /// let missing = block_on(cache.optionally_get_with_async(&2, |_| async { None }));
+    /// assert_eq!(missing, None);
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    pub async fn optionally_get_with_async<Q, F, Fut>(&self, key: &Q, init: F) -> Option<V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        F: FnOnce(&K) -> Fut,
+        Fut: Future<Output = Option<V>>,
+    {
+        // As in `get_with_async`.
+        let mut init = Some(init);
+        loop {
+            let loader = |k: &K| {
+                let fut = init.take().map(|f| f(k));
+                async move {
+                    match fut {
+                        Some(fut) => fut.await.ok_or(Absent),
+                        None => unreachable!(
+                            "optionally_get_with_async's init ran in a call that then looked again"
+                        ),
+                    }
+                }
+            };
+            let loaded = self
+                .load_async(
+                    key,
+                    None::<std::future::Pending<()>>,
+                    loader,
+                    Handoff::ToTheEnd,
+                )
+                .await;
+            match loaded {
+                Ok(v) => return Some(v),
+                Err(LoadError::Failed(_)) => return None,
+                Err(e) => Self::retry_infallible(e.map_failed_never()),
             }
         }
     }

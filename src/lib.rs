@@ -113,7 +113,13 @@
 //! | [`get_with_async`](Cache::get_with_async) | future | as `get_or_load_async`, cannot fail | until it has a value | |
 //! | [`get_or_load_spawned`](Cache::get_or_load_spawned) | future | as a task on the spawner: outlives every caller | until the load ends | a spawner |
 //! | [`get_or_load_spawned_until`](Cache::get_or_load_spawned_until) | future | as `get_or_load_spawned` | until its deadline future | a spawner |
+//! | [`optionally_get_with`](Cache::optionally_get_with) | thread | as `get_with`, for a loader that may find nothing | until it has an answer | |
+//! | [`optionally_get_with_async`](Cache::optionally_get_with_async) | future | as `get_with_async`, for a loader that may find nothing | until it has an answer | |
 //! | [`warm`](Cache::warm) | thread | on up to `concurrency` threads, for a list of keys | until every key is done | |
+//!
+//! [`Cache::compute`] is the read-modify-write of one key: its closure sees the current
+//! value and puts a new one, removes it or keeps it, atomically with the key's other writes
+//! and loads (it waits for a load in flight, and a load that starts meanwhile waits for it).
 //!
 //! For async services behind request timeouts, `get_or_load_spawned`: a load a timed-out
 //! caller started still finishes and is cached. "A spawner" is the one
@@ -332,6 +338,7 @@
 mod builder;
 mod cache;
 mod clock;
+mod compute;
 mod engine;
 mod entries;
 mod entry;
@@ -368,6 +375,7 @@ mod warm;
 pub use builder::{CacheBuilder, MAX_CAPACITY_LIMIT, MAX_DURATION, MAX_INITIAL_CAPACITY};
 pub use cache::{Cache, CacheGuard};
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use compute::{Compute, Computed};
 pub use entries::Iter;
 pub use error::BuildError;
 pub use load::LoadError;

@@ -20,9 +20,10 @@ use std::time::{Duration, Instant};
 
 use crate::cache::Cache;
 use crate::clock::OnceNow;
-use crate::engine::LoadEnd;
+use crate::engine::{EntryNode, LoadEnd};
 use crate::entry::{expiry_after, Entry, Kind, NEVER};
 use crate::flight::{Flight, FlightResult, Keep, Start};
+use crate::local::Pinned;
 use crate::pacing::Permit;
 use crate::refresh::{LoadRecord, RefreshState};
 use crate::removal::RemovalCause;
@@ -214,6 +215,26 @@ impl<E: fmt::Debug + fmt::Display + Send + Sync + 'static> std::error::Error for
             return e.source();
         }
         None
+    }
+}
+
+/// What an `optionally_get_with` loader found: nothing. A private type, so that no other
+/// caller's loader error is taken for it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Absent;
+
+impl<E> LoadError<E> {
+    /// This error, which is not `Failed`, as a `LoadError<Infallible>`.
+    pub(crate) fn map_failed_never(self) -> LoadError<Infallible> {
+        match self {
+            LoadError::Failed(_) => unreachable!("a failed load is handled before"),
+            LoadError::Panicked => LoadError::Panicked,
+            LoadError::Timeout => LoadError::Timeout,
+            LoadError::LoadTimedOut => LoadError::LoadTimedOut,
+            LoadError::Recursive => LoadError::Recursive,
+            LoadError::Cancelled => LoadError::Cancelled,
+            LoadError::NoSpawner => LoadError::NoSpawner,
+        }
     }
 }
 
@@ -428,6 +449,47 @@ where
             match loaded {
                 Ok(v) => return v,
                 Err(e) => Self::retry_infallible(e),
+            }
+        }
+    }
+
+    /// The value for `key`; on a miss, computes it with `init`, which may find nothing:
+    /// then nothing is cached (unless [`negative_ttl`](crate::CacheBuilder::negative_ttl) is
+    /// set, which caches the absence for that long) and the call returns `None`. Once however
+    /// many callers miss together, as [`get_with`](Self::get_with), whose rules it follows
+    /// (moka's `optionally_get_with`).
+    ///
+    /// # Panics
+    ///
+    /// As [`get_with`](Self::get_with).
+    ///
+    /// ```
+    /// let users = std::collections::HashMap::from([(1, "Ada")]);
+    /// let cache: herdcache::Cache<u32, &str> = herdcache::Cache::builder().max_capacity(100).build()?;
+    /// assert_eq!(cache.optionally_get_with(&1, |id| users.get(id).copied()), Some("Ada"));
+    /// assert_eq!(cache.optionally_get_with(&2, |id| users.get(id).copied()), None);
+    /// assert_eq!(cache.get(&2), None); // the absence was not cached
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    pub fn optionally_get_with<Q, F>(&self, key: &Q, init: F) -> Option<V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        F: FnOnce(&K) -> Option<V>,
+    {
+        // As in `get_with`: taken only by a call that leads, which returns or unwinds.
+        let mut init = Some(init);
+        loop {
+            let loaded = self.get_or_load(key, |k| match init.take() {
+                Some(f) => f(k).ok_or(Absent),
+                None => {
+                    unreachable!("optionally_get_with's init ran in a call that then looked again")
+                }
+            });
+            match loaded {
+                Ok(v) => return Some(v),
+                Err(LoadError::Failed(_)) => return None,
+                Err(e) => Self::retry_infallible(e.map_failed_never()),
             }
         }
     }
@@ -745,21 +807,15 @@ where
                 }),
                 permit,
             }));
-            let pkey = self.inner.pkey(hash, key);
-            let loading = Entry::loading(self.inner.shard_of(pkey), Arc::clone(&flight));
-            // Both clones of the key (user code) before the install: once our `Loading` entry
-            // is in the table, only the `Lead` (whose drop settles it) may run user code.
-            let node = Node::owned(hash, key.to_owned(), loading);
-            let lead_key = key.to_owned();
-            if !self
-                .inner
-                .install_load((hash, pkey), key, node, seen, refresh, &pinned)
-            {
-                // Someone changed the key first: look again, keeping our permit (and our
-                // place in the limiter's queue).
-                *held = flight.take_permit();
-                continue;
-            }
+            let lead = match self.install_lead(key, hash, seen, flight, refresh, &pinned) {
+                Ok(lead) => lead,
+                Err(flight) => {
+                    // Someone changed the key first: look again, keeping our permit (and our
+                    // place in the limiter's queue).
+                    *held = flight.take_permit();
+                    continue;
+                }
+            };
             pinned.count(Counter::Loads);
             if refresh {
                 pinned.count(Counter::Refreshes);
@@ -767,17 +823,50 @@ where
             // Never hold a pin across user code that may take long: it would hold back
             // reclamation for every thread.
             drop(pinned);
-            return Step::Begin(Begin::Lead(Lead {
-                cache: self.clone(),
-                key: lead_key,
-                hash,
-                pkey,
-                flight,
-                claimed: false,
-                finished: false,
-                panicked: AtomicBool::new(false),
-            }));
+            return Step::Begin(Begin::Lead(lead));
         }
+    }
+
+    /// Installs a `Loading` entry holding `flight` for `key` (hash `hash`) in place of `seen`
+    /// (the node the caller found under `pinned`, `None`: there was none), and returns the
+    /// `Lead` that must end it; `refresh`: `seen` holds a live value the flight serves. The
+    /// flight is given back if the key changed first.
+    pub(crate) fn install_lead<Q>(
+        &self,
+        key: &Q,
+        hash: u64,
+        seen: Option<&EntryNode<K, V>>,
+        flight: Arc<Flight<V>>,
+        refresh: bool,
+        pinned: &Pinned<'_>,
+    ) -> Result<Lead<K, V, S>, Arc<Flight<V>>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let pkey = self.inner.pkey(hash, key);
+        let loading = Entry::loading(self.inner.shard_of(pkey), Arc::clone(&flight));
+        // Both clones of the key (user code) before the install: once our `Loading` entry
+        // is in the table, only the `Lead` (whose drop settles it) may run user code.
+        let node = Node::owned(hash, key.to_owned(), loading);
+        let lead_key = key.to_owned();
+        if !self
+            .inner
+            .install_load((hash, pkey), key, node, seen, refresh, pinned)
+        {
+            return Err(flight);
+        }
+        Ok(Lead {
+            cache: self.clone(),
+            key: lead_key,
+            hash,
+            pkey,
+            flight,
+            claimed: false,
+            finished: false,
+            panicked: AtomicBool::new(false),
+            load: true,
+        })
     }
 
     /// What a waiter makes of a flight it waited on: `outcome` is its result, or `None` if
@@ -899,7 +988,9 @@ where
         // The publication's reading (see `Engine::once_now`), taken when first needed: after
         // the user code below (the hooks, `Clone`), which may take any time.
         let now = cache.inner.once_now();
-        cache.inner.pin().latency(finished.saturating_sub(started));
+        if lead.load {
+            cache.inner.pin().latency(finished.saturating_sub(started));
+        }
         trace_event!(
             DEBUG,
             nanos = finished.saturating_sub(started),
@@ -1033,6 +1124,8 @@ where
     /// Set when a loader future panicked inside a poll (its state is dropped only later, when
     /// the thread is no longer unwinding).
     pub(crate) panicked: AtomicBool,
+    /// Whether this flight is a load, counted in the statistics (a `compute` is not).
+    pub(crate) load: bool,
 }
 
 impl<K, V, S> Lead<K, V, S>
@@ -1126,18 +1219,42 @@ where
         }
     }
 
-    /// Removes our `Loading` entry if the slot still holds it.
+    /// Removes our `Loading` entry if the slot still holds it. A refresh's value leaves with
+    /// it: the refresh failed (without stale-if-error), or it could not be put back.
     fn remove_loading(&mut self) {
+        self.remove_loading_as(RemovalCause::Replaced);
+    }
+
+    /// Removes our `Loading` entry if the slot still holds it; the value it served, if any,
+    /// leaves for `cause`. Returns whether it did.
+    pub(crate) fn remove_loading_as(&mut self, cause: RemovalCause) -> bool {
         if !self.claim() {
-            return; // detached: whoever did it settled the slot
+            return false; // detached: whoever did it settled the slot
         }
         let pinned = self.cache.inner.pin();
         // The policy may still track the write our load replaced: `end_load` tells it.
         let inner = &self.cache.inner;
-        // A refresh's value leaves with it: the refresh failed (without stale-if-error), or
-        // it could not be put back.
-        let end = LoadEnd::Remove(RemovalCause::Replaced);
-        inner.end_load(self.hash, &self.flight, end, &inner.once_now(), &pinned);
+        let end = LoadEnd::Remove(cause);
+        inner.end_load(self.hash, &self.flight, end, &inner.once_now(), &pinned)
+    }
+
+    /// Puts `old`, the value the flight served, back in place of our `Loading` entry as it
+    /// was (its expiry, its refresh plan's history), if the slot still holds the entry: a
+    /// `compute` that kept it. Returns whether it did.
+    pub(crate) fn put_back(&mut self, old: &V) -> bool {
+        let cache = self.cache.clone();
+        let weight = cache.inner.weight_of(&self.key, old);
+        let (delta, failures) = self.flight.history();
+        let (pkey, until) = (self.pkey, self.flight.stale_valid_until());
+        let at = cache.inner.once_now();
+        let load = LoadRecord {
+            delta,
+            took: 0,
+            failures,
+        };
+        self.replace_loading(weight, &at, true, || {
+            cache.inner.ready_entry(pkey, old.clone(), until, load, &at)
+        })
     }
 
     /// If the flight still serves a valid value (a refresh), puts it back with one more
@@ -1201,7 +1318,9 @@ where
     S: BuildHasher,
 {
     fn drop(&mut self) {
-        self.cache.inner.pin().count(Counter::LoadsEnded);
+        if self.load {
+            self.cache.inner.pin().count(Counter::LoadsEnded);
+        }
         if self.finished {
             return;
         }

@@ -176,3 +176,75 @@ async fn get_with_async_outlives_the_load_timeout_it_led_past() {
         "the late value is not cached"
     );
 }
+
+/// A loader that may find nothing: callers missing together run it once and share its
+/// answer; nothing found is not cached, unless `negative_ttl` asks for the absence to be.
+#[test]
+fn optionally_get_with_shares_one_answer_and_caches_absence_only_if_asked() {
+    use std::time::Duration;
+    let c = cache();
+    let calls = AtomicUsize::new(0);
+    let barrier = Barrier::new(4);
+    thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                barrier.wait();
+                let got = c.optionally_get_with("k", |_| {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    await_waiters(&c, 3);
+                    None
+                });
+                assert_eq!(got, None);
+            });
+        }
+    });
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "one init for the callers missing together"
+    );
+    assert_eq!(c.get("k"), None, "the absence is not cached");
+    assert_eq!(
+        c.optionally_get_with("k", |k| Some(format!("{k}!")))
+            .as_deref(),
+        Some("k!")
+    );
+    assert_eq!(c.get("k").as_deref(), Some("k!"));
+
+    let clock = herdcache::ManualClock::new();
+    let negative: C = Cache::builder()
+        .max_capacity(10)
+        .negative_ttl(Duration::from_secs(5))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    assert_eq!(negative.optionally_get_with("gone", |_| None), None);
+    assert_eq!(
+        negative.optionally_get_with("gone", |_| unreachable!("the absence is cached")),
+        None
+    );
+    clock.advance(Duration::from_secs(6));
+    assert_eq!(
+        negative
+            .optionally_get_with("gone", |_| Some("back".to_owned()))
+            .as_deref(),
+        Some("back")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn optionally_get_with_async_returns_what_its_init_found() {
+    let c = cache();
+    assert_eq!(
+        c.optionally_get_with_async("k", |_| async { None }).await,
+        None
+    );
+    let got = c
+        .optionally_get_with_async("k", |k: &String| {
+            let v = format!("{k}?");
+            async move { Some(v) }
+        })
+        .await;
+    assert_eq!(got.as_deref(), Some("k?"));
+    assert_eq!(c.get("k").as_deref(), Some("k?"));
+}
