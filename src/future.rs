@@ -489,10 +489,8 @@ where
         D: Future<Output = ()>,
     {
         let hash = self.inner.hash(key);
-        let mut waits = FutureWaits {
-            deadline: pin!(deadline),
-            permit_by: None,
-        };
+        let deadline = pin!(deadline);
+        let mut waits = FutureWaits::new(deadline);
         let begin = match self.first_look(key, hash) {
             Ok(begin) => begin,
             Err(wait) => self.drive(key, hash, wait, &mut waits).await,
@@ -520,10 +518,20 @@ where
 }
 
 /// A future's waits: it yields to its executor until the caller's deadline future completes.
-struct FutureWaits<'d, D> {
+pub(crate) struct FutureWaits<'d, D> {
     deadline: Pin<&'d mut Option<D>>,
     /// When its waits for a permit end at the latest (set by the first such wait).
     permit_by: Option<std::time::Instant>,
+}
+
+impl<'d, D> FutureWaits<'d, D> {
+    /// Waits until `deadline` completes (for ever without one).
+    pub(crate) fn new(deadline: Pin<&'d mut Option<D>>) -> Self {
+        FutureWaits {
+            deadline,
+            permit_by: None,
+        }
+    }
 }
 
 impl<V, D: Future<Output = ()>> Waits<V> for FutureWaits<'_, D> {

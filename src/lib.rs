@@ -115,6 +115,8 @@
 //! | [`get_or_load_spawned_until`](Cache::get_or_load_spawned_until) | future | as `get_or_load_spawned` | until its deadline future | a spawner |
 //! | [`optionally_get_with`](Cache::optionally_get_with) | thread | as `get_with`, for a loader that may find nothing | until it has an answer | |
 //! | [`optionally_get_with_async`](Cache::optionally_get_with_async) | future | as `get_with_async`, for a loader that may find nothing | until it has an answer | |
+//! | [`get_or_load_all`](Cache::get_or_load_all) | thread | one batch call for the keys that miss, each key still one flight | until every key is done | |
+//! | [`get_or_load_all_async`](Cache::get_or_load_all_async) | future | as `get_or_load_all`, a batch future | until every key is done | |
 //! | [`warm`](Cache::warm) | thread | on up to `concurrency` threads, for a list of keys | until every key is done | |
 //!
 //! [`Cache::compute`] is the read-modify-write of one key: its closure sees the current
@@ -336,6 +338,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod builder;
+mod bulk;
 mod cache;
 mod clock;
 mod compute;

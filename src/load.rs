@@ -965,10 +965,25 @@ where
     where
         E: Send + Sync + 'static,
     {
-        let out = Self::settle(&mut lead, started, result, keep);
+        let out = Self::settle(&mut lead, started, result.map_err(Arc::new), keep);
         // The lead goes first, while `out` is still a local: its key's and its flight's
         // values' drops are user code, and a panic there would leak a return value already
         // built (rust-lang/rust#47949), where it drops a local.
+        drop(lead);
+        out
+    }
+
+    /// Like `conclude`, for a load whose error is shared with other loads (one batch's).
+    pub(crate) fn conclude_with<E>(
+        mut lead: Lead<K, V, S>,
+        started: u64,
+        result: Result<V, Arc<E>>,
+    ) -> Result<V, LoadError<E>>
+    where
+        E: Send + Sync + 'static,
+    {
+        let out = Self::settle(&mut lead, started, result, Keep::For(None));
+        // As in `conclude_at`.
         drop(lead);
         out
     }
@@ -977,7 +992,7 @@ where
     fn settle<E>(
         lead: &mut Lead<K, V, S>,
         started: u64,
-        result: Result<V, E>,
+        result: Result<V, Arc<E>>,
         keep: Keep,
     ) -> Result<V, LoadError<E>>
     where
@@ -1037,7 +1052,6 @@ where
                 Ok(value)
             }
             Err(error) => {
-                let error = Arc::new(error);
                 let erased: Arc<dyn Any + Send + Sync> = error.clone();
                 cache.inner.pin().count(Counter::LoadErrors);
                 // Stale-if-error: a failed refresh of a still-valid value puts that value
