@@ -888,6 +888,8 @@ where
             initial_capacity,
             time_to_live,
             time_to_idle,
+            time_to_idle_set: self.time_to_idle,
+            weighted,
             negative_ttl,
             refresh: crate::refresh::RefreshSettings {
                 soft_ttl,

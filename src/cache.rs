@@ -310,7 +310,8 @@ where
         self.inner.len() as u64
     }
 
-    /// The capacity the cache was built with.
+    /// The capacity: the one the cache was built with, or the last
+    /// [`set_capacity`](Self::set_capacity).
     ///
     /// ```
     /// let cache: herdcache::Cache<u32, u32> =
@@ -319,7 +320,82 @@ where
     /// # Ok::<(), herdcache::BuildError>(())
     /// ```
     pub fn max_capacity(&self) -> u64 {
-        self.inner.settings().max_capacity as u64
+        self.inner.capacity()
+    }
+
+    /// Changes the capacity (entries, or total weight with a weigher) while the cache runs
+    /// (quick_cache's `set_capacity`). Shrinking evicts at once what no longer fits, told to
+    /// the [`eviction_listener`](crate::CacheBuilder::eviction_listener) as
+    /// [`Size`](crate::RemovalCause::Size); the eviction policy keeps its window's share of
+    /// the capacity and learns its best size afresh. The frequency sketch keeps the size the
+    /// first capacity gave it.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::Invalid`](crate::BuildError::Invalid) (setting `max_capacity`) for a
+    /// capacity of 0, above [`MAX_CAPACITY_LIMIT`](crate::MAX_CAPACITY_LIMIT), or smaller than
+    /// the number of shards a large cache's eviction policy was split into when built (each
+    /// needs a share); the capacity is then unchanged.
+    ///
+    /// ```
+    /// let cache: herdcache::Cache<u32, u32> = herdcache::Cache::builder().max_capacity(100).build()?;
+    /// for k in 0..100 {
+    ///     cache.insert(k, k);
+    /// }
+    /// cache.set_capacity(10)?;
+    /// assert_eq!(cache.max_capacity(), 10);
+    /// assert!(cache.entry_count() <= 10);
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    pub fn set_capacity(&self, capacity: u64) -> Result<(), crate::BuildError> {
+        let invalid = |reason| crate::BuildError::Invalid {
+            setting: "max_capacity",
+            reason,
+        };
+        if capacity == 0 {
+            return Err(invalid("must be at least 1"));
+        }
+        if capacity > crate::MAX_CAPACITY_LIMIT {
+            return Err(invalid("must be at most 2^48"));
+        }
+        if capacity < self.inner.policy_shards() as u64 {
+            return Err(invalid(
+                "must be at least the number of shards the eviction policy was built with",
+            ));
+        }
+        self.inner.set_capacity(capacity);
+        Ok(())
+    }
+
+    /// The settings the cache was built with, its capacity as it is now (moka's `policy()`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let cache: herdcache::Cache<u32, u32> = herdcache::Cache::builder()
+    ///     .max_capacity(500)
+    ///     .time_to_live(Duration::from_secs(60))
+    ///     .build()?;
+    /// let p = cache.policy();
+    /// assert_eq!((p.max_capacity, p.time_to_live), (500, Some(Duration::from_secs(60))));
+    /// assert_eq!(p.time_to_idle, None);
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    pub fn policy(&self) -> CachePolicy {
+        let s = self.inner.settings();
+        let nanos = Duration::from_nanos;
+        CachePolicy {
+            max_capacity: self.max_capacity(),
+            weighted: s.weighted,
+            time_to_live: s.time_to_live.map(nanos),
+            time_to_idle: s.time_to_idle_set,
+            refresh_after: s.refresh.soft_ttl.map(nanos),
+            xfetch_beta: s.refresh.beta,
+            stale_if_error: s.refresh.stale_if_error,
+            negative_ttl: s.negative_ttl.map(nanos),
+            max_stale: nanos(s.max_stale),
+            max_concurrent_loads: s.max_concurrent_loads,
+            load_timeout: s.load_timeout,
+        }
     }
 
     /// A snapshot of the counters (summed over threads; see [`Stats`]).
@@ -362,6 +438,34 @@ where
     pub fn purge_expired(&self) -> u64 {
         self.inner.purge_expired()
     }
+}
+
+/// The settings a cache was built with, from [`Cache::policy`].
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct CachePolicy {
+    /// The capacity now: entries, or total weight with a weigher.
+    pub max_capacity: u64,
+    /// Whether a weigher is set, so that `max_capacity` is a total weight.
+    pub weighted: bool,
+    /// The cache-wide time to live.
+    pub time_to_live: Option<Duration>,
+    /// The time to idle.
+    pub time_to_idle: Option<Duration>,
+    /// The soft TTL of stale-while-revalidate.
+    pub refresh_after: Option<Duration>,
+    /// XFetch's beta.
+    pub xfetch_beta: Option<f64>,
+    /// Whether a failed refresh keeps the current value.
+    pub stale_if_error: bool,
+    /// How long a load error is cached.
+    pub negative_ttl: Option<Duration>,
+    /// How long past its expiry a value may stand in for a load that does not finish.
+    pub max_stale: Duration,
+    /// The most loads at once.
+    pub max_concurrent_loads: Option<usize>,
+    /// Each load's deadline.
+    pub load_timeout: Option<Duration>,
 }
 
 /// A pinned view of a [`Cache`] for reads that borrow values, from [`Cache::pin`].

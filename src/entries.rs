@@ -59,6 +59,31 @@ where
         self.invalidate_with(key, V::clone).flatten()
     }
 
+    /// Clones of the cache's live entries, in no particular order: a walk that holds no
+    /// guard (papaya's `pin_owned().iter()`, moka's `iter()`). The entries are cloned under
+    /// one epoch pin, as [`CacheGuard::iter`] sees them (weakly consistent), before the first
+    /// is yielded: O(entries) memory at once. To walk a large cache without copies, hold a
+    /// guard: `cache.pin().iter()`.
+    ///
+    /// ```
+    /// let cache = herdcache::Cache::builder().max_capacity(100).build()?;
+    /// cache.insert(1, "one".to_owned());
+    /// cache.insert(2, "two".to_owned());
+    /// let mut all: Vec<(u32, String)> = cache.iter().collect();
+    /// all.sort();
+    /// assert_eq!(all, [(1, "one".to_owned()), (2, "two".to_owned())]);
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    pub fn iter(&self) -> std::vec::IntoIter<(K, V)>
+    where
+        K: Clone,
+        V: Clone,
+    {
+        let guard = self.pin();
+        let all: Vec<(K, V)> = guard.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        all.into_iter()
+    }
+
     /// Total weight of the entries held: with a [`weigher`](crate::CacheBuilder::weigher),
     /// the sum of their weights, else their count. This is what
     /// [`max_capacity`](Self::max_capacity) bounds; it counts the entries the eviction policy

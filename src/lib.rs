@@ -376,7 +376,7 @@ mod trace;
 mod warm;
 
 pub use builder::{CacheBuilder, MAX_CAPACITY_LIMIT, MAX_DURATION, MAX_INITIAL_CAPACITY};
-pub use cache::{Cache, CacheGuard};
+pub use cache::{Cache, CacheGuard, CachePolicy};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use compute::{Compute, Computed};
 pub use entries::Iter;

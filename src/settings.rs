@@ -13,6 +13,10 @@ pub(crate) struct Settings {
     pub(crate) time_to_live: Option<u64>,
     /// Time to idle, in idle units (see `clock::IDLE_SHIFT`), if any.
     pub(crate) time_to_idle: Option<u32>,
+    /// The time to idle as set (`time_to_idle` is what entries count in).
+    pub(crate) time_to_idle_set: Option<Duration>,
+    /// Whether a weigher is set (`max_capacity` is then a weight).
+    pub(crate) weighted: bool,
     /// How long a load error is cached, in nanoseconds, if at all.
     pub(crate) negative_ttl: Option<u64>,
     pub(crate) refresh: crate::refresh::RefreshSettings,

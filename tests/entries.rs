@@ -283,3 +283,102 @@ fn hottest_skips_removed_and_expired_entries() {
     assert_eq!(cache.hottest(10), [1]);
     assert_eq!(cache.coldest(10), [1]);
 }
+
+/// The capacity changes while the cache runs: shrinking evicts at once what no longer fits
+/// (told to the listener), growing takes more; bad capacities are errors that change
+/// nothing.
+#[test]
+fn set_capacity_shrinks_and_grows_a_running_cache() {
+    use herdcache::RemovalCause;
+    use std::sync::{Arc, Mutex};
+    let heard: Arc<Mutex<Vec<RemovalCause>>> = Arc::default();
+    let log = Arc::clone(&heard);
+    let c: Cache<u32, u32> = Cache::builder()
+        .max_capacity(100)
+        .eviction_listener(move |_: &u32, _: &u32, cause| log.lock().unwrap().push(cause))
+        .build()
+        .unwrap();
+    for k in 0..100 {
+        c.insert(k, k);
+    }
+    assert_eq!(c.entry_count(), 100);
+    c.set_capacity(10).unwrap();
+    assert_eq!((c.max_capacity(), c.policy().max_capacity), (10, 10));
+    assert!(
+        c.entry_count() <= 10 && c.weighted_size() <= 10,
+        "{}",
+        c.entry_count()
+    );
+    assert_eq!(heard.lock().unwrap().len(), 90);
+    assert!(heard
+        .lock()
+        .unwrap()
+        .iter()
+        .all(|c| *c == RemovalCause::Size));
+    // The new bound holds for later writes, and a fresh write is still read back.
+    for k in 100..200 {
+        c.insert(k, k);
+        assert_eq!(c.get(&k), Some(k));
+    }
+    assert!(c.entry_count() <= 10);
+    c.set_capacity(1_000).unwrap();
+    for k in 1_000..1_500 {
+        c.insert(k, k);
+    }
+    assert_eq!(c.entry_count(), 510, "room for all");
+    assert!(c.set_capacity(0).is_err());
+    assert!(c.set_capacity(u64::MAX).is_err());
+    assert_eq!(
+        c.max_capacity(),
+        1_000,
+        "an invalid capacity changes nothing"
+    );
+}
+
+#[test]
+fn policy_reports_the_settings_and_iter_clones_every_live_entry() {
+    use std::time::Duration;
+    let c: Cache<u32, String> = Cache::builder()
+        .max_capacity(100)
+        .time_to_live(Duration::from_secs(60))
+        .time_to_idle(Duration::from_secs(30))
+        .refresh_after(Duration::from_secs(20))
+        .load_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let p = c.policy();
+    assert_eq!(p.max_capacity, 100);
+    assert!(!p.weighted);
+    assert_eq!(p.time_to_live, Some(Duration::from_secs(60)));
+    assert_eq!(p.time_to_idle, Some(Duration::from_secs(30)));
+    assert_eq!(p.refresh_after, Some(Duration::from_secs(20)));
+    assert_eq!(p.load_timeout, Some(Duration::from_secs(2)));
+    assert_eq!(
+        (p.xfetch_beta, p.negative_ttl, p.max_concurrent_loads),
+        (None, None, None)
+    );
+    for k in 0..10 {
+        c.insert(k, k.to_string());
+    }
+    let mut all: Vec<(u32, String)> = c.iter().collect();
+    all.sort();
+    assert_eq!(all, (0..10).map(|k| (k, k.to_string())).collect::<Vec<_>>());
+}
+
+#[test]
+fn set_capacity_keeps_the_bound_of_a_sharded_cache() {
+    let c: Cache<u64, u64> = Cache::builder().max_capacity(100_000).build().unwrap();
+    for k in 0..100_000 {
+        c.insert(k, k);
+    }
+    c.set_capacity(40_000).unwrap();
+    assert!(c.entry_count() <= 40_000, "{}", c.entry_count());
+    for k in 100_000..150_000 {
+        c.insert(k, k);
+    }
+    assert!(c.entry_count() <= 40_000, "{}", c.entry_count());
+    assert!(
+        c.set_capacity(1).is_err(),
+        "fewer entries than the policy's shards"
+    );
+}

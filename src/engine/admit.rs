@@ -131,8 +131,6 @@ where
         now: &OnceNow<'_>,
         pinned: &Pinned<'_>,
     ) {
-        let guard = &pinned.guard;
-        let table = &self.table;
         // The clock is user code, which must not run under the lock: read it before, if
         // anything can expire. An entry given the first expiry after this check counts as
         // unexpired here (time 0), and is evicted by size rather than as expired.
@@ -147,47 +145,15 @@ where
         let (node, report) = write.disarmed();
         // Collected for the listener, which must run outside the lock; without one, nothing
         // is collected (and nothing allocated).
-        let listening = self.hooks.listener.is_some();
         let mut evicted: Vec<(&EntryNode<K, V>, RemovalCause)> = Vec::new();
         self.policy
             .with_scratch(node.value.policy.shard(), |policy, victims| {
-                // The policy looks at its victims through their nodes: no user code runs
-                // under its lock.
-                let mut probe = |v: &Victim| {
-                    // SAFETY: a victim's node is live under the shard's lock ("Succession").
-                    let n = unsafe { node_of::<K, V>(v.node) };
-                    Look {
-                        hits: n.value.policy.take_hits(),
-                        expired: n.value.is_expired(at),
-                    }
-                };
                 let counters = self.domain.counters();
+                let mut probe = |v: &Victim| Self::look(v, &at);
                 // SAFETY: `node` was published and `old` taken out of the table by this
                 // thread, pinned since before either, which reports them here, once.
                 unsafe { policy.write(report, victims, &mut probe, &|| counters.requests()) };
-                for v in victims.iter() {
-                    // SAFETY: as in the probe; the victim is detached, and leaves the table
-                    // here (under our pin) or has left it already.
-                    let victim = unsafe { node_of::<K, V>(v.node) };
-                    // Never a load in progress: it may only carry the key's record, and is
-                    // left to finish (its value is then a new key).
-                    if !victim.value.is_tracked() || !table.remove_node(victim, guard) {
-                        continue;
-                    }
-                    let cause = if std::ptr::eq(victim, node) {
-                        pinned.count(Counter::Evictions);
-                        RemovalCause::Oversized
-                    } else if victim.value.is_expired(at) {
-                        pinned.count(Counter::Expirations);
-                        RemovalCause::Expired
-                    } else {
-                        pinned.count(Counter::Evictions);
-                        RemovalCause::Size
-                    };
-                    if listening {
-                        evicted.push((victim, cause));
-                    }
-                }
+                self.take_out(victims, Some(node), &at, pinned, &mut evicted);
             });
         // Outside the lock: the listener is user code. (After it, the sweep reads the clock
         // again.)
@@ -199,6 +165,80 @@ where
         }
         self.sweep_after_write(now, pinned);
         crate::table::flush_outgrown(&pinned.guard);
+    }
+
+    /// The policy's look at a tracked entry, through its node: no user code runs under its
+    /// lock. `at`: the time it judges expiry by, read before the lock.
+    fn look(v: &Victim, at: &impl Fn() -> u64) -> Look {
+        // SAFETY: a victim's node is live under the shard's lock ("Succession").
+        let n = unsafe { node_of::<K, V>(v.node) };
+        Look {
+            hits: n.value.policy.take_hits(),
+            expired: n.value.is_expired(at),
+        }
+    }
+
+    /// Takes the policy's `victims` out of the table, under the shard's lock, counting each
+    /// by its cause (`Oversized` for `newest`, the write that made room for itself, if it
+    /// is one), and collects them in `evicted` for the listener, if there is one.
+    fn take_out<'g>(
+        &self,
+        victims: &[Victim],
+        newest: Option<&EntryNode<K, V>>,
+        at: &impl Fn() -> u64,
+        pinned: &'g Pinned<'_>,
+        evicted: &mut Vec<(&'g EntryNode<K, V>, RemovalCause)>,
+    ) {
+        let listening = self.hooks.listener.is_some();
+        for v in victims {
+            // SAFETY: as in `look`; the victim is detached, and leaves the table here (under
+            // the caller's pin) or has left it already.
+            let victim: &'g EntryNode<K, V> = unsafe { node_of::<K, V>(v.node) };
+            // Never a load in progress: it may only carry the key's record, and is left to
+            // finish (its value is then a new key).
+            if !victim.value.is_tracked() || !self.table.remove_node(victim, &pinned.guard) {
+                continue;
+            }
+            let cause = if newest.is_some_and(|n| std::ptr::eq(victim, n)) {
+                pinned.count(Counter::Evictions);
+                RemovalCause::Oversized
+            } else if victim.value.is_expired(at) {
+                pinned.count(Counter::Expirations);
+                RemovalCause::Expired
+            } else {
+                pinned.count(Counter::Evictions);
+                RemovalCause::Size
+            };
+            if listening {
+                evicted.push((victim, cause));
+            }
+        }
+    }
+
+    /// Changes the capacity to `max` (see `Cache::set_capacity`): the policy shrinks or grows
+    /// shard by shard, and what no longer fits leaves the table, told to the listener.
+    pub(crate) fn set_capacity(&self, max: u64) {
+        let pinned = self.pin();
+        let now = self.once_now();
+        let read = if self.expiring.load(Ordering::Relaxed) {
+            now.get()
+        } else {
+            0
+        };
+        let at = || read;
+        self.capacity.store(max, Ordering::Relaxed);
+        self.table
+            .set_bound(usize::try_from(max).unwrap_or(usize::MAX));
+        let mut evicted: Vec<(&EntryNode<K, V>, RemovalCause)> = Vec::new();
+        self.policy.resize(max, |policy, share, victims| {
+            let mut probe = |v: &Victim| Self::look(v, &at);
+            // SAFETY: the shard's lock is held, under which its tracked nodes are live.
+            unsafe { policy.resize(share, victims, &mut probe) };
+            self.take_out(victims, None, &at, &pinned, &mut evicted);
+        });
+        for (old, cause) in evicted {
+            self.notify(old, cause);
+        }
     }
 }
 

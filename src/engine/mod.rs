@@ -83,6 +83,8 @@ pub(crate) struct Engine<K, V, S> {
     /// (`Entry::live_value_in`). An std atomic, not modelled under loom: a hit's Relaxed load
     /// follows the Acquire load that found the entry, which the store precedes.
     expiring: AtomicBool,
+    /// The capacity now: `settings.max_capacity` until `Cache::set_capacity` changes it.
+    capacity: std::sync::atomic::AtomicU64,
     // Dropped last: dropping the domain frees this thread's handle, letting the collector
     // run the destructors of the entries retired above.
     domain: Domain,
@@ -139,6 +141,11 @@ impl<K, V, S> Engine<K, V, S> {
     #[inline]
     pub(crate) fn once_now(&self) -> OnceNow<'_> {
         OnceNow::new(&self.settings.clock)
+    }
+
+    /// The capacity now (`max_capacity`, or what `set_capacity` made it).
+    pub(crate) fn capacity(&self) -> u64 {
+        self.capacity.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Entries held, including expired ones and loads in progress.
@@ -223,6 +230,7 @@ where
                     || settings.time_to_idle.is_some()
                     || settings.negative_ttl.is_some(),
             ),
+            capacity: std::sync::atomic::AtomicU64::new(settings.max_capacity as u64),
             settings,
             domain: Domain::new(),
         })
@@ -235,7 +243,6 @@ where
     }
 
     /// Shards of the policy.
-    #[cfg(test)]
     pub(crate) fn policy_shards(&self) -> usize {
         self.policy.shards()
     }

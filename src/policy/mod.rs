@@ -164,6 +164,12 @@ pub(crate) trait EvictionPolicy: Send {
         probe: &mut Probe<'_>,
         served: &Served<'_>,
     );
+    /// Changes the capacity to `max` weight units, evicting what no longer fits to `out`
+    /// (looked at through `probe`, as `write`'s victims are).
+    ///
+    /// # Safety
+    /// As [`write`](Self::write): every node the policy tracks is live while it runs.
+    unsafe fn resize(&mut self, max: u64, out: &mut Vec<Victim>, probe: &mut Probe<'_>);
     /// The table holds `write`, reported without admission: its record is settled as by
     /// `write`, with no use counted and no eviction, so the shard may exceed its bound by
     /// the write's weight until its next write. For a write that must be reported while
@@ -290,8 +296,7 @@ impl Policy {
         let pkey_seed = seed.rotate_left(29) ^ 0xa076_1d64_78bd_642f;
         let shards = (0..count as u64)
             .map(|i| {
-                // The remainder goes to the first shards, so the bounds sum to `max_weight`.
-                let share = max_weight / count as u64 + u64::from(i < max_weight % count as u64);
+                let share = Self::share(max_weight, count, i as usize);
                 let sketched = share.min(SKETCH_MAX_ENTRIES / count as u64);
                 let mut core = tinylfu::Core::with_sketch(share, sketched, seed.wrapping_add(i));
                 match keys.0 {
@@ -316,9 +321,29 @@ impl Policy {
     }
 
     /// Shards in use.
-    #[cfg(test)]
     pub(crate) fn shards(&self) -> usize {
         self.shards.len()
+    }
+
+    /// The shares of `max_weight` units among `count` shards: the remainder goes to the first
+    /// shards, so the bounds sum to `max_weight`.
+    fn share(max_weight: u64, count: usize, i: usize) -> u64 {
+        max_weight / count as u64 + u64::from((i as u64) < max_weight % count as u64)
+    }
+
+    /// Gives the policy a capacity of `max_weight` units, shard by shard: `f` runs on each
+    /// locked shard with its new share and its scratch list of victims (see
+    /// `EvictionPolicy::resize`).
+    pub(crate) fn resize(
+        &self,
+        max_weight: u64,
+        mut f: impl FnMut(&mut dyn EvictionPolicy, u64, &mut Vec<Victim>),
+    ) {
+        let count = self.shards.len();
+        for i in 0..count {
+            let share = Self::share(max_weight, count, i);
+            self.with_scratch(i as u8, |p, victims| f(p, share, victims));
+        }
     }
 
     /// Total weight held, summed over the shards (each locked in turn).

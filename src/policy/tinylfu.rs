@@ -903,6 +903,18 @@ impl Core {
                 }
             }
         }
+        self.evict_overflow(newest, out, probe, budget);
+    }
+
+    /// Evicts until the total weight is within the capacity: main space first, `newest` (the
+    /// write being made, `NIL`: none) last.
+    fn evict_overflow(
+        &mut self,
+        newest: u32,
+        out: &mut Vec<Victim>,
+        probe: &mut Probe<'_>,
+        budget: &mut usize,
+    ) {
         // Over in total still (a heavy entry, or a window that just grew): main space first,
         // the newest write last. Main victims are looked at as in a duel: a window that grows
         // shrinks the main space, and a victim hit near its cold end is the loss the sizer
@@ -934,6 +946,18 @@ impl Core {
             }
             self.evict(v, out);
         }
+    }
+
+    /// Changes the capacity to `max` weight units: the window keeps its share of it, the
+    /// sizer starts learning afresh, and what no longer fits is evicted to `out`.
+    fn resize_to(&mut self, max: u64, out: &mut Vec<Victim>, probe: &mut Probe<'_>) {
+        let share = self.window_max as f64 / self.max.max(1) as f64;
+        self.max = max;
+        self.sizer = Sizer::new(max);
+        self.set_window((max as f64 * share).round() as u64);
+        let mut budget = 2 * self.len() + 16;
+        self.demote_overflow(probe, &mut budget);
+        self.evict_overflow(NIL, out, probe, &mut budget);
     }
 
     /// A window entry given a second chance goes back as the window's most recent, but
@@ -1069,6 +1093,10 @@ impl EvictionPolicy for Core {
             return;
         }
         self.make_room(newest, out, probe, &mut budget);
+    }
+
+    unsafe fn resize(&mut self, max: u64, out: &mut Vec<Victim>, probe: &mut Probe<'_>) {
+        self.resize_to(max, out, probe);
     }
 
     unsafe fn settle(&mut self, write: Write) {

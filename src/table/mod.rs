@@ -86,8 +86,9 @@ pub struct Table<K, V> {
     /// Live entries across the table. On a line of its own, away from `root`, which every
     /// read loads: inserts of new keys and removals change it.
     len: CachePadded<AtomicUsize>,
-    /// The most entries the table is expected to hold (see `SlotArray::size_for`).
-    bound: usize,
+    /// The most entries the table is expected to hold (see `SlotArray::size_for`). Relaxed:
+    /// only sizes the next migration's array; a cache whose capacity changes sets it.
+    bound: AtomicUsize,
     _marker: PhantomData<Box<Node<K, V>>>,
 }
 
@@ -140,7 +141,7 @@ impl<K, V> Table<K, V> {
         Some(Table {
             root: Atomic::new(array),
             len: CachePadded::new(AtomicUsize::new(0)),
-            bound: usize::MAX,
+            bound: AtomicUsize::new(usize::MAX),
             _marker: PhantomData,
         })
     }
@@ -148,9 +149,15 @@ impl<K, V> Table<K, V> {
     /// The table, expecting to hold at most about `bound` entries: its migrations size the
     /// next array with no room to grow past them. More may be written (the arrays grow as
     /// they must), at the cost of migrations a little more frequent than without a bound.
-    pub fn with_bound(mut self, bound: usize) -> Self {
-        self.bound = bound;
+    pub fn with_bound(self, bound: usize) -> Self {
+        self.set_bound(bound);
         self
+    }
+
+    /// Expects at most about `bound` entries from now on (see `with_bound`): the next
+    /// migration sizes its array for it.
+    pub fn set_bound(&self, bound: usize) {
+        self.bound.store(bound, Ordering::Relaxed);
     }
 
     /// Live entries (exact when no write is in progress).
@@ -510,7 +517,7 @@ impl<K, V> Table<K, V> {
         // SAFETY: see `newest`.
         let a = unsafe { array.deref() };
         if a.next.load(Ordering::Acquire, guard).is_null() {
-            let size = SlotArray::<K, V>::size_for(self.len(), self.bound);
+            let size = SlotArray::<K, V>::size_for(self.len(), self.bound.load(Ordering::Relaxed));
             let fresh = Owned::new(SlotArray::new(size));
             // Release publishes the empty array; on failure ours is dropped, still empty.
             let _ = a.next.compare_exchange(
