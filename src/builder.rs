@@ -196,9 +196,10 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     }
 
     /// Entries to size the table for up front, avoiding early resizes (optional; at most
-    /// `max_capacity` and [`MAX_INITIAL_CAPACITY`]). The table grows on demand either way. If
-    /// the table for it cannot be allocated, `build` returns a [`BuildError`] naming this
-    /// setting (it does not abort).
+    /// [`MAX_INITIAL_CAPACITY`]). The table grows on demand either way, and never needs room
+    /// for more entries than `max_capacity`: a larger value (moka takes one) counts as
+    /// `max_capacity`. If the table for it cannot be allocated, `build` returns a
+    /// [`BuildError`] naming this setting (it does not abort).
     ///
     /// ```
     /// let cache: herdcache::Cache<u64, u64> = herdcache::Cache::builder()
@@ -208,7 +209,7 @@ impl<K, V, S> CacheBuilder<K, V, S> {
     /// assert_eq!(cache.entry_count(), 0);
     /// let err = herdcache::Cache::<u64, u64>::builder()
     ///     .max_capacity(10)
-    ///     .initial_capacity(11)
+    ///     .initial_capacity(herdcache::MAX_INITIAL_CAPACITY + 1)
     ///     .build()
     ///     .unwrap_err();
     /// assert_eq!(err.setting(), "initial_capacity");
@@ -807,23 +808,15 @@ where
         };
         let weighted = self.hooks.weigher.is_some();
         let initial_capacity = match self.initial_capacity {
-            // With a weigher, `max_capacity` is a weight and `initial_capacity` a count of
-            // entries: they do not compare (the table never needs room for more entries
-            // than the capacity, a weight being at least 1, so it is sized for at most that).
-            Some(n) if weighted => n.min(max_capacity).min(MAX_INITIAL_CAPACITY),
-            Some(n) if n > max_capacity => {
-                return Err(BuildError::Invalid {
-                    setting: "initial_capacity",
-                    reason: "must not exceed max_capacity",
-                })
-            }
             Some(n) if n > MAX_INITIAL_CAPACITY => {
                 return Err(BuildError::Invalid {
                     setting: "initial_capacity",
                     reason: "must be at most 2^28 (the table grows past it as entries come)",
                 })
             }
-            Some(n) => n,
+            // The table never needs room for more entries than the capacity (a weight is at
+            // least 1); with a weigher the two do not even compare (entries, weight).
+            Some(n) => n.min(max_capacity),
             None => max_capacity.min(64),
         };
         let time_to_live = check_duration("time_to_live", self.time_to_live)?;
@@ -942,7 +935,9 @@ mod tests {
                 "max_capacity",
             ),
             (
-                builder().max_capacity(10).initial_capacity(11),
+                builder()
+                    .max_capacity(10)
+                    .initial_capacity(MAX_INITIAL_CAPACITY + 1),
                 "initial_capacity",
             ),
             (
