@@ -5,7 +5,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, Cmd, Connection, FromRedisValue};
+use redis::{AsyncConnectionConfig, Client, Cmd, Connection, ConnectionLike, FromRedisValue};
 
 use super::protocol::{Keys, Snapshot, Stamp, Store, StoreError};
 
@@ -232,28 +232,46 @@ impl SyncStore {
         }
     }
 
+    /// A new connection, with the tier's timeouts.
+    fn connect(&self) -> Result<Connection, StoreError> {
+        let c = self
+            .client
+            .get_connection_with_timeout(self.timeout)
+            .map_err(err)?;
+        c.set_read_timeout(Some(self.timeout)).map_err(err)?;
+        c.set_write_timeout(Some(self.timeout)).map_err(err)?;
+        Ok(c)
+    }
+
     /// Runs `f` on a pooled (or new) connection; a connection that failed is dropped, so the
-    /// next operation reconnects.
+    /// next operation reconnects. A pooled connection found dead (the server closed it while
+    /// it idled: a `timeout` setting, a proxy, a restart, a failover) is dropped and `f`
+    /// runs again, once, on a new one: the command never reached a live server, and without
+    /// this second try a write on a dead connection was lost while Redis was up.
     fn with<T>(
         &self,
-        f: impl FnOnce(&mut Connection) -> redis::RedisResult<T>,
+        f: impl Fn(&mut Connection) -> redis::RedisResult<T>,
     ) -> Result<T, StoreError> {
         let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let mut conn = match pooled {
-            Some(c) => c,
+        let (conn, r) = match pooled {
+            Some(mut c) => match f(&mut c) {
+                Err(e) if e.is_connection_dropped() => {
+                    drop(c);
+                    let mut fresh = self.connect()?;
+                    let r = f(&mut fresh);
+                    (fresh, r)
+                }
+                r => (c, r),
+            },
             None => {
-                let c = self
-                    .client
-                    .get_connection_with_timeout(self.timeout)
-                    .map_err(err)?;
-                c.set_read_timeout(Some(self.timeout)).map_err(err)?;
-                c.set_write_timeout(Some(self.timeout)).map_err(err)?;
-                c
+                let mut fresh = self.connect()?;
+                let r = f(&mut fresh);
+                (fresh, r)
             }
         };
-        let r = f(&mut conn).map_err(err)?;
+        let r = r.map_err(err)?;
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        if idle.len() < POOL {
+        if idle.len() < POOL && conn.is_open() {
             idle.push(conn);
         }
         Ok(r)
@@ -312,6 +330,13 @@ impl Store for SyncStore {
     }
 }
 
+/// How an async command failed: on a connection found dead (worth one more try on a new
+/// one), or otherwise.
+enum Failure {
+    Dropped(StoreError),
+    Other(StoreError),
+}
+
 /// One multiplexed async connection, made on first use and remade after a failure.
 pub(crate) struct AsyncStore {
     client: Client,
@@ -350,16 +375,47 @@ impl AsyncStore {
         Ok(c)
     }
 
-    /// Runs one command; a failure drops the cached connection.
+    /// Runs one command; a failure drops the cached connection. A cached connection found
+    /// dead (closed by the server while it idled) is replaced and the command runs again,
+    /// once, on the new one (see `SyncStore::with`).
     async fn query<T: FromRedisValue + Send>(&self, cmd: Cmd) -> Result<T, StoreError> {
-        let mut c = self.connection().await?;
-        let r = match tokio::time::timeout(self.timeout, cmd.query_async::<T>(&mut c)).await {
-            Ok(Ok(v)) => return Ok(v),
-            Ok(Err(e)) => err(e),
-            Err(e) => err(e),
-        };
+        let cached = self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(c) = cached {
+            match self.query_on(c, &cmd).await {
+                Ok(v) => return Ok(v),
+                Err(Failure::Dropped(_)) => self.forget_connection(),
+                Err(Failure::Other(e)) => {
+                    self.forget_connection();
+                    return Err(e);
+                }
+            }
+        }
+        let c = self.connection().await?;
+        match self.query_on(c, &cmd).await {
+            Ok(v) => Ok(v),
+            Err(Failure::Dropped(e) | Failure::Other(e)) => {
+                self.forget_connection();
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs `cmd` on `c`, within the timeout.
+    async fn query_on<T: FromRedisValue + Send>(
+        &self,
+        mut c: MultiplexedConnection,
+        cmd: &Cmd,
+    ) -> Result<T, Failure> {
+        match tokio::time::timeout(self.timeout, cmd.query_async::<T>(&mut c)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) if e.is_connection_dropped() => Err(Failure::Dropped(err(e))),
+            Ok(Err(e)) => Err(Failure::Other(err(e))),
+            Err(e) => Err(Failure::Other(err(e))),
+        }
+    }
+
+    fn forget_connection(&self) {
         *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        Err(r)
     }
 }
 
