@@ -92,3 +92,67 @@ fn a_write_on_a_connection_the_server_closed_reaches_the_fleet() {
         "B loads afresh"
     );
 }
+
+/// A cache's keys and channel are its own: under another prefix, or the same prefix in
+/// another database, nothing crosses; and a value written for another value type under the
+/// same prefix is a miss, never a wrong value. (Caches on one Redis used to share the
+/// default prefix, and the channel spans databases: one cache's `invalidate` dropped the
+/// other's copies.)
+#[test]
+fn caches_on_one_redis_keep_to_their_namespaces() {
+    let Some(redis) = RedisServer::start("caches_on_one_redis_keep_to_their_namespaces") else {
+        return;
+    };
+    let k = "42".to_owned();
+    // Two prefixes, one database.
+    let (users, orders) = (
+        instance(&redis.url(), "users:"),
+        instance(&redis.url(), "orders:"),
+    );
+    linked(&[&users, &orders]);
+    assert_eq!(
+        users.get_or_load(&k, load("user:Ada")).as_deref(),
+        Ok("user:Ada")
+    );
+    assert_eq!(
+        orders.get_or_load(&k, load("order:7")).as_deref(),
+        Ok("order:7")
+    );
+    // One prefix, two databases: an invalidation in one does not reach the other.
+    let db1 = format!("redis://127.0.0.1:{}/1", redis.port);
+    let (x, y) = (instance(&redis.url(), "p:"), instance(&db1, "p:"));
+    linked(&[&x, &y]);
+    assert_eq!(x.get_or_load(&k, load("x")).as_deref(), Ok("x"));
+    assert_eq!(y.get_or_load(&k, load("y")).as_deref(), Ok("y"));
+    assert!(x.invalidate(&k));
+    assert!(orders.invalidate(&k));
+    // What must not arrive cannot be waited for: give it well past a loopback delivery.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        y.get(&k).as_deref(),
+        Some("y"),
+        "another database's invalidation reached Y"
+    );
+    assert_eq!(
+        users.get(&k).as_deref(),
+        Some("user:Ada"),
+        "another prefix's invalidation reached users"
+    );
+    // One prefix and database, another value type: the bytes are not taken for its own.
+    let raw: Cache<String, Vec<u8>> = Cache::builder()
+        .max_capacity(10)
+        .shared_tier(
+            RedisTier::builder(redis.url())
+                .key_prefix("users:")
+                .build(|k: &String| k.clone(), herdcache::fleet::Raw)
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let got = raw.get_or_load(&k, |_| Ok::<_, ()>(b"raw".to_vec()));
+    assert_eq!(
+        got.as_deref(),
+        Ok(&b"raw"[..]),
+        "the String cache's value decoded as bytes"
+    );
+}

@@ -39,6 +39,8 @@ pub(crate) enum Heard {
 /// One instance's view of the tier's channel, shared by its loads and its subscriber.
 #[derive(Debug)]
 pub(crate) struct Coherence {
+    /// The fingerprint of the tier's namespace (prefix and database): see `new`.
+    namespace: u64,
     /// This instance's id in its messages, so it skips its own.
     instance: u64,
     pub(crate) bound: Duration,
@@ -68,8 +70,12 @@ fn micros_now() -> u64 {
 }
 
 impl Coherence {
-    pub(crate) fn new(bound: Duration) -> Self {
+    /// Coherence with links checked against `bound`, for the namespace whose fingerprint is
+    /// `namespace` (a hash of the tier's prefix and database): messages of any other are
+    /// ignored.
+    pub(crate) fn new(bound: Duration, namespace: u64) -> Self {
         Coherence {
+            namespace,
             instance: super::random_u64(),
             bound,
             heard: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
@@ -147,17 +153,21 @@ impl Coherence {
 
     /// The message announcing a write of the key with policy key `pkey` (`None`: all keys).
     pub(crate) fn message(&self, pkey: Option<u64>) -> String {
-        let (instance, sent) = (self.instance, micros_now());
+        let (namespace, instance, sent) = (self.namespace, self.instance, micros_now());
         match pkey {
-            Some(p) => format!("{instance:016x} {sent} k {p:016x}"),
-            None => format!("{instance:016x} {sent} a"),
+            Some(p) => format!("{namespace:016x} {instance:016x} {sent} k {p:016x}"),
+            None => format!("{namespace:016x} {instance:016x} {sent} a"),
         }
     }
 
     /// What a message says, with its delay since it was sent; `None` for this instance's own
-    /// messages and for anything malformed.
+    /// messages, for another namespace's, and for anything malformed.
     pub(crate) fn parse(&self, msg: &str) -> Option<(Heard, Duration)> {
         let mut words = msg.split(' ');
+        let namespace = u64::from_str_radix(words.next()?, 16).ok()?;
+        if namespace != self.namespace {
+            return None;
+        }
         let instance = u64::from_str_radix(words.next()?, 16).ok()?;
         if instance == self.instance {
             return None;
@@ -351,13 +361,17 @@ mod tests {
     )]
     fn an_instance_skips_its_own_messages_and_reads_the_others() {
         let (a, b) = (
-            Coherence::new(Duration::from_millis(100)),
-            Coherence::new(Duration::from_millis(100)),
+            Coherence::new(Duration::from_millis(100), 7),
+            Coherence::new(Duration::from_millis(100), 7),
         );
         let msg = a.message(Some(0xabc));
         assert_eq!(a.parse(&msg), None);
         assert_eq!(b.parse(&msg).map(|(h, _)| h), Some(Heard::Key(0xabc)));
         assert_eq!(b.parse(&a.message(None)).map(|(h, _)| h), Some(Heard::All));
+        // Another namespace (another prefix, or the same in another database).
+        let other = Coherence::new(Duration::from_millis(100), 8);
+        assert_eq!(b.parse(&other.message(Some(0xabc))), None);
+        assert_eq!(b.parse(&other.message(None)), None);
         for garbage in [
             "",
             "zz 1 k 1",
@@ -372,7 +386,7 @@ mod tests {
 
     #[test]
     fn overlapping_own_writes_of_a_key_keep_no_local_copy() {
-        let c = Coherence::new(Duration::from_millis(100));
+        let c = Coherence::new(Duration::from_millis(100), 7);
         c.set_link(true);
         // T1 and T2 write the key; Redis applies T1 then T2, the table T2 then T1.
         let t1 = c.begin_write(7);
@@ -394,7 +408,7 @@ mod tests {
 
     #[test]
     fn a_load_sees_a_write_heard_while_it_ran_and_a_link_change() {
-        let c = Coherence::new(Duration::from_millis(100));
+        let c = Coherence::new(Duration::from_millis(100), 7);
         c.set_link(true);
         let seen = c.before_load(7);
         assert!(!c.changed_since(seen));

@@ -20,6 +20,8 @@ use crate::trace::trace_event;
 use std::fmt;
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
+
+use foldhash::fast::FixedState;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -63,7 +65,7 @@ use redis_store::{AsyncStore, SyncStore, TierKeys};
 ///
 /// - Writes go through the tier. `invalidate(k)` moves the key's *generation* (drawn from a
 ///   counter in Redis, in the same Lua script that announces it on the channel
-///   `<prefix>inv`), so every value written before is stale for every reader;
+///   `<prefix>inv@<db>`), so every value written before is stale for every reader;
 ///   `insert(k, v)` does the same and writes `v` under the new generation (with the cache's
 ///   TTL); `invalidate_all()` moves the tier's *epoch*, which every value carries, so no
 ///   `KEYS` or `SCAN` sweep is needed. A key's stamp is its generation and the epoch; the
@@ -147,6 +149,8 @@ pub struct RedisTier<K, V> {
     codec: Box<dyn Codec<V>>,
     prefix: String,
     channel: String,
+    /// A hash of the value type and the codec, which every value the tier writes carries.
+    value_tag: u64,
     lease: Duration,
     wait_bound: Duration,
     max_shared_ttl: Duration,
@@ -182,7 +186,7 @@ impl<K, V> fmt::Debug for RedisTier<K, V> {
 /// use herdcache::fleet::{RedisTier, RedisTierBuilder, Utf8};
 /// // Settings are a plain value: one base for several tiers.
 /// let base: RedisTierBuilder =
-///     RedisTier::builder("redis://127.0.0.1/").lease(Duration::from_secs(2));
+///     RedisTier::builder("redis://127.0.0.1/").key_prefix("users:").lease(Duration::from_secs(2));
 /// let users: RedisTier<u64, String> = base
 ///     .clone()
 ///     .key_prefix("users:")
@@ -195,7 +199,7 @@ impl<K, V> fmt::Debug for RedisTier<K, V> {
 #[derive(Debug, Clone)]
 pub struct RedisTierBuilder {
     url: String,
-    prefix: String,
+    prefix: Option<String>,
     lease: Duration,
     wait_bound: Duration,
     op_timeout: Duration,
@@ -212,10 +216,10 @@ impl RedisTier<(), ()> {
     ///
     /// ```
     /// use herdcache::fleet::{RedisTier, Utf8};
-    /// let tier: RedisTier<u64, String> = RedisTier::builder("redis://127.0.0.1:6379/0")
+    /// let tier: RedisTier<u64, String> = RedisTier::builder("redis://127.0.0.1:6379/0").key_prefix("users:")
     ///     .build(|id: &u64| id.to_string(), Utf8)?; // nothing connects yet
     /// let bad: Result<RedisTier<u64, String>, _> =
-    ///     RedisTier::builder("not a url").build(|id: &u64| id.to_string(), Utf8);
+    ///     RedisTier::builder("not a url").key_prefix("users:").build(|id: &u64| id.to_string(), Utf8);
     /// assert_eq!(bad.unwrap_err().setting(), "url");
     /// # let _ = tier;
     /// # Ok::<(), herdcache::BuildError>(())
@@ -223,7 +227,7 @@ impl RedisTier<(), ()> {
     pub fn builder(url: impl Into<String>) -> RedisTierBuilder {
         RedisTierBuilder {
             url: url.into(),
-            prefix: "herdcache:".into(),
+            prefix: None,
             lease: Duration::from_secs(5),
             wait_bound: Duration::from_secs(1),
             op_timeout: Duration::from_millis(100),
@@ -258,11 +262,15 @@ fn check(setting: &'static str, d: Duration, zero_ok: bool) -> Result<(), BuildE
 }
 
 impl RedisTierBuilder {
-    /// Prefix of every Redis key the tier uses (default `herdcache:`): values live at
-    /// `<prefix>v:<key>`, locks at `<prefix>l:<key>`, generations at `<prefix>g:<hash>`, the
-    /// epoch and the generation counter at `<prefix>epoch` and `<prefix>seq`, and writes are
-    /// announced on the channel `<prefix>inv`. Instances share values only under the same
-    /// prefix.
+    /// The cache's namespace in Redis: the prefix of every Redis key the tier uses (required,
+    /// non-empty; no default, so that two caches on one Redis never share keys by
+    /// forgetting it). Values live at `<prefix>v:<key>`, locks at `<prefix>l:<key>`,
+    /// generations at `<prefix>g:<hash>`, the epoch and the generation counter at
+    /// `<prefix>epoch` and `<prefix>seq`, and writes are announced on the channel
+    /// `<prefix>inv@<db>` (channels span Redis's databases: the database number keeps caches
+    /// of one prefix in two databases apart). Instances share values only under the same
+    /// prefix and database; a message from another namespace, and a value written for
+    /// another value type, are ignored.
     ///
     /// ```
     /// # use herdcache::fleet::{RedisTier, Utf8};
@@ -273,7 +281,7 @@ impl RedisTierBuilder {
     /// # Ok::<(), herdcache::BuildError>(())
     /// ```
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
+        self.prefix = Some(prefix.into());
         self
     }
 
@@ -284,10 +292,10 @@ impl RedisTierBuilder {
     /// ```
     /// # use std::time::Duration;
     /// # use herdcache::fleet::{RedisTier, Utf8};
-    /// let tier: RedisTier<u64, String> = RedisTier::builder("redis://127.0.0.1/")
+    /// let tier: RedisTier<u64, String> = RedisTier::builder("redis://127.0.0.1/").key_prefix("users:")
     ///     .lease(Duration::from_secs(10)) // loads take up to a few seconds
     ///     .build(|id: &u64| id.to_string(), Utf8)?;
-    /// let err = RedisTier::builder("redis://127.0.0.1/")
+    /// let err = RedisTier::builder("redis://127.0.0.1/").key_prefix("users:")
     ///     .lease(Duration::from_micros(500))
     ///     .build::<u64, String>(|id| id.to_string(), Utf8)
     ///     .unwrap_err();
@@ -308,7 +316,7 @@ impl RedisTierBuilder {
     /// # use std::time::Duration;
     /// # use herdcache::fleet::{RedisTier, Utf8};
     /// // Latency first: never wait for another instance's load, load at once.
-    /// let tier = RedisTier::builder("redis://127.0.0.1/")
+    /// let tier = RedisTier::builder("redis://127.0.0.1/").key_prefix("users:")
     ///     .wait_bound(Duration::ZERO)
     ///     .build(|id: &u64| id.to_string(), Utf8)?;
     /// # let _: RedisTier<u64, String> = tier;
@@ -325,7 +333,7 @@ impl RedisTierBuilder {
     /// # use std::time::Duration;
     /// # use herdcache::fleet::{RedisTier, Utf8};
     /// // Redis in the same zone: give up on it sooner and load locally.
-    /// let tier = RedisTier::builder("redis://127.0.0.1/")
+    /// let tier = RedisTier::builder("redis://127.0.0.1/").key_prefix("users:")
     ///     .op_timeout(Duration::from_millis(20))
     ///     .build(|id: &u64| id.to_string(), Utf8)?;
     /// # let _: RedisTier<u64, String> = tier;
@@ -341,7 +349,7 @@ impl RedisTierBuilder {
     /// ```
     /// # use std::time::Duration;
     /// # use herdcache::fleet::{RedisTier, Utf8};
-    /// let tier = RedisTier::builder("redis://127.0.0.1/")
+    /// let tier = RedisTier::builder("redis://127.0.0.1/").key_prefix("users:")
     ///     .retry_after(Duration::from_secs(5)) // load locally for 5 s after a failure
     ///     .build(|id: &u64| id.to_string(), Utf8)?;
     /// # let _: RedisTier<u64, String> = tier;
@@ -358,7 +366,7 @@ impl RedisTierBuilder {
     /// ```
     /// # use std::time::Duration;
     /// # use herdcache::fleet::{RedisTier, Utf8};
-    /// let tier = RedisTier::builder("redis://127.0.0.1/")
+    /// let tier = RedisTier::builder("redis://127.0.0.1/").key_prefix("users:")
     ///     .log_interval(Duration::from_secs(60)) // one log line a minute at most
     ///     .build(|id: &u64| id.to_string(), Utf8)?;
     /// # let _: RedisTier<u64, String> = tier;
@@ -377,7 +385,7 @@ impl RedisTierBuilder {
     /// # use std::time::Duration;
     /// # use herdcache::fleet::{RedisTier, Utf8};
     /// // A cache without a TTL: the fleet consults the source at least every 10 minutes.
-    /// let tier = RedisTier::builder("redis://127.0.0.1/")
+    /// let tier = RedisTier::builder("redis://127.0.0.1/").key_prefix("users:")
     ///     .max_shared_ttl(Duration::from_secs(600))
     ///     .build(|id: &u64| id.to_string(), Utf8)?;
     /// # let _: RedisTier<u64, String> = tier;
@@ -395,7 +403,7 @@ impl RedisTierBuilder {
     /// ```
     /// # use std::time::Duration;
     /// # use herdcache::fleet::{RedisTier, Utf8};
-    /// let tier = RedisTier::builder("redis://127.0.0.1/")
+    /// let tier = RedisTier::builder("redis://127.0.0.1/").key_prefix("users:")
     ///     .coherence_bound(Duration::from_millis(20))
     ///     .build(|id: &u64| id.to_string(), Utf8)?;
     /// # let _: RedisTier<u64, String> = tier;
@@ -416,9 +424,9 @@ impl RedisTierBuilder {
     /// use std::time::Duration;
     /// use herdcache::fleet::{Raw, RedisTier};
     /// // Keys of two parts, values stored as raw bytes.
-    /// let tier: RedisTier<(u32, String), Vec<u8>> = RedisTier::builder("redis://127.0.0.1/")
+    /// let tier: RedisTier<(u32, String), Vec<u8>> = RedisTier::builder("redis://127.0.0.1/").key_prefix("users:")
     ///     .build(|(tenant, path): &(u32, String)| format!("{tenant}/{path}"), Raw)?;
-    /// let err = RedisTier::builder("redis://127.0.0.1/")
+    /// let err = RedisTier::builder("redis://127.0.0.1/").key_prefix("users:")
     ///     .coherence_bound(Duration::from_millis(5))
     ///     .build::<u64, Vec<u8>>(|id| id.to_string(), Raw)
     ///     .unwrap_err();
@@ -456,29 +464,48 @@ impl RedisTierBuilder {
                 reason: "must be at least 10 ms",
             });
         }
+        let prefix = match self.prefix {
+            Some(p) if !p.is_empty() => p,
+            _ => {
+                return Err(BuildError::Missing {
+                    setting: "key_prefix",
+                })
+            }
+        };
         let client = redis::Client::open(self.url.as_str()).map_err(|_| BuildError::Invalid {
             setting: "url",
             reason: "is not a valid Redis URL",
         })?;
+        let db = client.get_connection_info().redis_settings().db();
         let tier_keys = TierKeys {
-            epoch: format!("{}epoch", self.prefix),
-            sequence: format!("{}seq", self.prefix),
+            epoch: format!("{prefix}epoch"),
+            sequence: format!("{prefix}seq"),
         };
+        // Values carry their type: a value written by a cache of another value type (or
+        // codec) under the same prefix is a miss, never a wrong value decoded.
+        let value_tag = FixedState::with_seed(0x7479_7065).hash_one((
+            std::any::type_name::<V>(),
+            std::any::type_name_of_val(&codec),
+        ));
         Ok(RedisTier {
             sync: SyncStore::new(client.clone(), self.op_timeout, tier_keys.clone()),
             async_: AsyncStore::new(client.clone(), self.op_timeout, tier_keys),
             client,
             key_name: Box::new(key_name),
             codec: Box::new(codec),
-            channel: format!("{}inv", self.prefix),
-            prefix: self.prefix,
+            channel: format!("{prefix}inv@{db}"),
+            value_tag,
+            coherence: Arc::new(Coherence::new(
+                self.coherence_bound,
+                FixedState::with_seed(0x6e73).hash_one((&prefix, db)),
+            )),
+            prefix,
             lease: self.lease,
             wait_bound: self.wait_bound,
             max_shared_ttl: self.max_shared_ttl,
             op_timeout: self.op_timeout,
             retry_after: self.retry_after,
             health: Health::new(self.retry_after, self.log_interval),
-            coherence: Arc::new(Coherence::new(self.coherence_bound)),
         })
     }
 }
@@ -562,24 +589,40 @@ pub(crate) fn random_u64() -> u64 {
     RandomState::new().hash_one((std::process::id(), seq, Instant::now()))
 }
 
+/// The bytes stored for a value: its type's tag (see `RedisTier::value_tag`), then the
+/// codec's bytes.
+pub(crate) fn tagged(tag: u64, bytes: Vec<u8>) -> Vec<u8> {
+    let mut out = format!("{tag:016x}:").into_bytes();
+    out.extend_from_slice(&bytes);
+    out
+}
+
+/// The codec's bytes of a value stored by `tagged` with `tag`; `None` for another type's.
+fn untagged(tag: u64, bytes: &[u8]) -> Option<&[u8]> {
+    let (head, rest) = bytes.split_at_checked(17)?;
+    (head[16] == b':' && head[..16] == *format!("{tag:016x}").as_bytes()).then_some(rest)
+}
+
 /// A random lock token: no two holders share one.
 fn token() -> String {
     format!("{:016x}{:016x}", random_u64(), random_u64())
 }
 
-/// The protocol's view of a tier and its cache: the codec and the cache's counters.
+/// The protocol's view of a tier and its cache: the codec, the tag of the value type, and
+/// the cache's counters.
 struct TierHooks<'a, V: 'static> {
     codec: &'a dyn Codec<V>,
+    tag: u64,
     count: &'a (dyn Fn(Counter) + Sync),
 }
 
 impl<V: 'static> Hooks<V> for TierHooks<'_, V> {
     fn decode(&self, bytes: &[u8]) -> Option<V> {
-        self.codec.decode(bytes).ok()
+        self.codec.decode(untagged(self.tag, bytes)?).ok()
     }
 
     fn encode(&self, value: &V) -> Option<Vec<u8>> {
-        self.codec.encode(value).ok()
+        self.codec.encode(value).ok().map(|b| tagged(self.tag, b))
     }
 
     fn count(&self, c: Counter) {
@@ -742,6 +785,7 @@ impl<K, V: 'static> RedisTier<K, V> {
         };
         let hooks = TierHooks {
             codec: &*self.codec,
+            tag: self.value_tag,
             count,
         };
         let coordinated =
@@ -772,6 +816,7 @@ impl<K, V: 'static> RedisTier<K, V> {
         };
         let hooks = TierHooks {
             codec: &*self.codec,
+            tag: self.value_tag,
             count,
         };
         let plan = self.plan(&names, &load_plan);
@@ -797,8 +842,13 @@ mod tests {
 
     #[test]
     fn bad_settings_are_errors_naming_them() {
-        let b = || RedisTier::builder("redis://127.0.0.1:6379/");
-        assert_eq!(setting(build(RedisTier::builder("http://nope"))), "url");
+        let b = || RedisTier::builder("redis://127.0.0.1:6379/").key_prefix("users:");
+        assert_eq!(
+            setting(build(
+                RedisTier::builder("http://nope").key_prefix("users:")
+            )),
+            "url"
+        );
         assert_eq!(setting(build(b().lease(Duration::ZERO))), "lease");
         assert_eq!(
             setting(build(b().lease(Duration::from_micros(10)))),
@@ -833,11 +883,22 @@ mod tests {
         }
         // Not waiting at all is a valid choice; building connects to nothing.
         assert!(build(b().wait_bound(Duration::ZERO)).is_ok());
+        // A namespace must be named: two caches on one Redis never share one by default.
+        let bare = RedisTier::builder("redis://127.0.0.1:6379/");
+        for missing in [bare.clone(), bare.key_prefix("")] {
+            assert_eq!(
+                build(missing).unwrap_err(),
+                BuildError::Missing {
+                    setting: "key_prefix"
+                }
+            );
+        }
     }
 
     #[test]
     fn a_tier_given_before_the_hasher_is_an_error_not_a_cache_without_coherence() {
-        let tier = build(RedisTier::builder("redis://127.0.0.1:6379/")).unwrap();
+        let tier =
+            build(RedisTier::builder("redis://127.0.0.1:6379/").key_prefix("users:")).unwrap();
         let r = crate::Cache::<u64, String>::builder()
             .max_capacity(10)
             .shared_tier(tier)

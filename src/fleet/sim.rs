@@ -157,7 +157,7 @@ const TOKENS: [&str; INSTANCES] = ["i0", "i1", "i2"];
 impl Sim {
     fn new() -> Self {
         let coherence = || {
-            let c = Coherence::new(Duration::from_millis(100));
+            let c = Coherence::new(Duration::from_millis(100), 7);
             c.set_link(true);
             c
         };

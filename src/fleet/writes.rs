@@ -29,7 +29,7 @@ impl<K, V: 'static> RedisTier<K, V> {
             (Some(k), Some((v, ttl))) => match self.codec.encode(v) {
                 Ok(bytes) => Some((
                     format!("{}v:{}", self.prefix, (self.key_name)(k)),
-                    bytes,
+                    super::tagged(self.value_tag, bytes),
                     self.shared_ttl(ttl),
                 )),
                 // Not shareable: still invalidate, so no instance serves the old value.
