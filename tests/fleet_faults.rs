@@ -156,3 +156,66 @@ fn caches_on_one_redis_keep_to_their_namespaces() {
         "the String cache's value decoded as bytes"
     );
 }
+
+/// One corrupt bookkeeping key is repaired by the next script that meets it, and never takes
+/// the tier down: garbage in the generation counter, in the epoch, in a key's generation
+/// (even a key of another Redis type). (Garbage in `seq` failed every write, in `epoch` every
+/// load, and a bad `g:` key marked the whole tier down each time it was read.)
+#[test]
+fn corrupt_bookkeeping_keys_heal_and_take_nothing_down() {
+    let Some(redis) = RedisServer::start("corrupt_bookkeeping_keys_heal") else {
+        return;
+    };
+    let (a, b) = (instance(&redis.url(), "h:"), instance(&redis.url(), "h:"));
+    linked(&[&a, &b]);
+    let mut admin = redis.client();
+    let mut set = |key: &str, v: &str| {
+        redis::cmd("SET")
+            .arg(key)
+            .arg(v)
+            .query::<()>(&mut admin)
+            .unwrap();
+    };
+    let k = "k".to_owned();
+    // The generation counter: writes still reach the fleet.
+    set("h:seq", "garbage");
+    assert_eq!(a.get_or_load(&k, load("v1")).as_deref(), Ok("v1"));
+    assert_eq!(b.get_or_load(&k, load("other")).as_deref(), Ok("v1"));
+    a.insert(k.clone(), "v2".to_owned());
+    wait_until("B hears the insert", || b.get(&k).is_none());
+    assert_eq!(
+        b.get_or_load(&k, load("other")).as_deref(),
+        Ok("v2"),
+        "B reads A's insert"
+    );
+    // The epoch: loads still go through the tier, and invalidate_all still works.
+    set("h:epoch", "not a number");
+    let shared = b.stats().shared_hits + b.stats().shared_loads;
+    let j = "j".to_owned();
+    assert_eq!(a.get_or_load(&j, load("j1")).as_deref(), Ok("j1"));
+    assert_eq!(b.get_or_load(&j, load("other")).as_deref(), Ok("j1"));
+    assert!(b.stats().shared_hits + b.stats().shared_loads > shared);
+    a.invalidate_all();
+    wait_until("B hears invalidate_all", || b.get(&j).is_none());
+    // A key's generation of another type: the key still loads, and the tier stays up.
+    let mut admin = redis.client();
+    let generations: Vec<String> = redis::cmd("KEYS").arg("h:g:*").query(&mut admin).unwrap();
+    assert!(!generations.is_empty());
+    for g in &generations {
+        redis::cmd("DEL").arg(g).query::<()>(&mut admin).unwrap();
+        redis::cmd("RPUSH")
+            .arg(g)
+            .arg("x")
+            .query::<()>(&mut admin)
+            .unwrap();
+    }
+    a.invalidate(&k);
+    let errors = (a.stats().shared_errors, b.stats().shared_errors);
+    assert_eq!(a.get_or_load(&k, load("v3")).as_deref(), Ok("v3"));
+    assert_eq!(b.get_or_load(&k, load("other")).as_deref(), Ok("v3"));
+    assert_eq!((a.stats().shared_errors, b.stats().shared_errors), errors);
+    assert!(
+        a.shared_status().is_some_and(|s| s.reachable)
+            && b.shared_status().is_some_and(|s| s.reachable)
+    );
+}

@@ -560,10 +560,14 @@ impl Health {
     }
 
     fn failed(&self, e: &StoreError) {
-        trace_event!(WARN, error = %e.0, "shared tier failed; loading locally");
+        trace_event!(WARN, error = %e.message, "shared tier failed; loading locally");
         let now = self.now();
-        self.down_until
-            .store(now + self.retry_after.as_nanos() as u64, Ordering::Relaxed);
+        // An error reply about one key (a bad value, a script error) leaves Redis in use for
+        // the others.
+        if e.unreachable {
+            self.down_until
+                .store(now + self.retry_after.as_nanos() as u64, Ordering::Relaxed);
+        }
         let last = self.logged_at.load(Ordering::Relaxed);
         let due = last == 0 || now + 1 >= last + self.log_interval.as_nanos() as u64;
         if due
@@ -574,7 +578,7 @@ impl Health {
         {
             log::warn!(
                 "herdcache: Redis failed ({}); loading locally, retrying Redis in {:?}",
-                e.0,
+                e.message,
                 self.retry_after
             );
         }
@@ -915,11 +919,11 @@ mod tests {
     fn failures_skip_redis_for_a_while_and_log_once_per_interval() {
         let h = Health::new(Duration::from_secs(3600), Duration::from_secs(3600));
         assert!(!h.is_down());
-        h.failed(&StoreError("refused".into()));
+        h.failed(&StoreError::new("refused", true));
         assert!(h.is_down());
         let logged = h.logged_at.load(Ordering::Relaxed);
         assert_ne!(logged, 0);
-        h.failed(&StoreError("refused".into()));
+        h.failed(&StoreError::new("refused", true));
         assert_eq!(
             h.logged_at.load(Ordering::Relaxed),
             logged,

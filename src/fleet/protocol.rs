@@ -28,7 +28,21 @@ use crate::stats::Counter;
 
 /// A store operation failed (unreachable, slow, or an error reply).
 #[derive(Debug)]
-pub(crate) struct StoreError(pub(crate) String);
+pub(crate) struct StoreError {
+    pub(crate) message: String,
+    /// The store could not be reached (a connection failed, or an operation timed out): it
+    /// is skipped for a while. An error reply about one key says nothing of the others.
+    pub(crate) unreachable: bool,
+}
+
+impl StoreError {
+    pub(crate) fn new(message: impl Into<String>, unreachable: bool) -> Self {
+        StoreError {
+            message: message.into(),
+            unreachable,
+        }
+    }
+}
 
 /// Which write of a key a shared value belongs to: the tier's epoch (moved by
 /// `invalidate_all`) and the key's generation (moved by `invalidate` and `insert`). A value is
@@ -461,7 +475,7 @@ pub(crate) mod tests {
         fn check(&self, op: &str) -> Result<(), StoreError> {
             self.log.lock().unwrap().push(op.to_owned());
             if *self.fail.lock().unwrap() {
-                Err(StoreError("down".into()))
+                Err(StoreError::new("down", true))
             } else {
                 Ok(())
             }

@@ -25,9 +25,22 @@ const RELEASE: &str =
 /// or evicted it): a missing counter starts again from the server's clock in microseconds,
 /// past every value it handed out before. Digits are kept as strings (Lua's numbers are
 /// doubles, and print large ones in exponent form).
+///
+/// Bookkeeping keys heal themselves: one that does not hold a number (garbage written by
+/// hand, a key of another type) counts as missing, and is deleted by whichever script meets
+/// it, so the next write gives it a fresh value. One corrupt key used to fail every write
+/// (`seq`), every load (`epoch`), or mark the whole tier down each time it was read (`g:`).
 const FRESH: &str = "
+local function num(key)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' or (v and not tonumber(v)) then
+    redis.call('DEL', key)
+    return nil
+  end
+  return v or nil
+end
 local function fresh(key)
-  if redis.call('EXISTS', key) == 0 then
+  if not num(key) then
     local t = redis.call('TIME')
     redis.call('SET', key, t[1] .. string.format('%06d', tonumber(t[2])))
   end
@@ -35,9 +48,12 @@ local function fresh(key)
   return redis.call('GET', key)
 end
 local function current(key)
-  local v = redis.call('GET', key)
-  if v then return v end
-  return '0'
+  return num(key) or '0'
+end
+local function value(key)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' then return false end
+  return v
 end
 ";
 
@@ -48,14 +64,14 @@ end
 /// eviction, a failover) then fails its compare-and-set instead of matching again.
 const READ: &str = "
 if ARGV[1] then
-  if redis.call('EXISTS', KEYS[2]) == 0 then
+  if not num(KEYS[2]) then
     redis.call('SET', KEYS[2], fresh(KEYS[4]), 'PX', ARGV[1])
   end
-  if redis.call('EXISTS', KEYS[3]) == 0 then fresh(KEYS[3]) end
+  if not num(KEYS[3]) then fresh(KEYS[3]) end
 end
-local v = redis.call('GET', KEYS[1])
+local v = value(KEYS[1])
 local t = redis.call('PTTL', KEYS[1])
-return {v, t, redis.call('GET', KEYS[2]), redis.call('GET', KEYS[3])}
+return {v, t, num(KEYS[2]) or false, num(KEYS[3]) or false}
 ";
 
 /// KEYS: value, generation, epoch. ARGV: expected generation and epoch, payload, TTL (ms),
@@ -99,8 +115,17 @@ return 1
 /// Most idle blocking connections kept for reuse.
 const POOL: usize = 16;
 
-fn err(e: impl std::fmt::Display) -> StoreError {
-    StoreError(e.to_string())
+/// A Redis error: Redis unreachable (a connection that failed or timed out), which marks
+/// the tier down for a while, or an error reply about one key, which does not.
+fn err(e: redis::RedisError) -> StoreError {
+    let unreachable =
+        e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal();
+    StoreError::new(e.to_string(), unreachable)
+}
+
+/// An operation that ran past the tier's timeout.
+fn timed_out(e: tokio::time::error::Elapsed) -> StoreError {
+    StoreError::new(e.to_string(), true)
 }
 
 fn script(body: &str) -> Cmd {
@@ -369,7 +394,7 @@ impl AsyncStore {
                 .get_multiplexed_async_connection_with_config(&config),
         )
         .await
-        .map_err(err)?
+        .map_err(timed_out)?
         .map_err(err)?;
         *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(c.clone());
         Ok(c)
@@ -410,7 +435,7 @@ impl AsyncStore {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) if e.is_connection_dropped() => Err(Failure::Dropped(err(e))),
             Ok(Err(e)) => Err(Failure::Other(err(e))),
-            Err(e) => Err(Failure::Other(err(e))),
+            Err(e) => Err(Failure::Other(timed_out(e))),
         }
     }
 
