@@ -12,6 +12,12 @@ use crate::engine::Engine;
 use crate::local::Pinned;
 use crate::removal::RemovalCause;
 use crate::stats::Stats;
+
+/// What became of a write's shared-tier half (feature `redis`).
+#[cfg(feature = "redis")]
+type Sent = crate::fleet::Sent;
+#[cfg(not(feature = "redis"))]
+type Sent = std::convert::Infallible;
 use crate::DefaultHashBuilder;
 
 /// A bounded, lock-free, concurrent cache.
@@ -155,6 +161,27 @@ where
         self.insert_for(key, value, ttl);
     }
 
+    /// [`insert`](Self::insert), saying whether the write reached the shared tier (feature
+    /// `redis`; always `Ok` without a tier). The local half is done either way.
+    ///
+    /// # Errors
+    ///
+    /// [`SharedWriteError`](crate::fleet::SharedWriteError) if Redis could not be reached (or
+    /// writes wait there already): the write was queued, and other instances and Redis learn
+    /// of it as an invalidation of the key when it is replayed, once Redis answers.
+    ///
+    /// ```
+    /// let cache: herdcache::Cache<u32, u32> = herdcache::Cache::builder().max_capacity(10).build()?;
+    /// assert_eq!(cache.try_insert(1, 10), Ok(())); // no tier: nothing to reach
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub fn try_insert(&self, key: K, value: V) -> Result<(), crate::fleet::SharedWriteError> {
+        let ttl = self.inner.ttl_of(&key, &value);
+        crate::fleet::SharedWriteError::of(self.insert_for(key, value, ttl))
+    }
+
     /// Inserts `value` for `key` with its own time to live, overriding the cache's.
     ///
     /// A zero `ttl` stores an entry that is already expired (it is never returned); a `ttl`
@@ -181,8 +208,8 @@ where
     }
 
     /// An insert that lives `ttl` nanoseconds (`None`: forever); with a shared tier, written
-    /// there first.
-    fn insert_for(&self, key: K, value: V, ttl: Option<u64>) {
+    /// there first: what became of that write (`None` without a tier).
+    fn insert_for(&self, key: K, value: V, ttl: Option<u64>) -> Option<Sent> {
         #[cfg(feature = "redis")]
         let written = self
             .inner
@@ -195,9 +222,15 @@ where
         let pinned = self.inner.pin();
         self.inner.insert(key, value, ttl, &pinned);
         #[cfg(feature = "redis")]
-        if let Some(w) = written {
-            self.inner.recheck_write(w);
+        {
+            let sent = written.as_ref().map(|w| w.sent);
+            if let Some(w) = written {
+                self.inner.recheck_write(w);
+            }
+            sent
         }
+        #[cfg(not(feature = "redis"))]
+        None
     }
 
     /// The shared tier as this instance sees it now (feature `redis`), or `None` without one:
@@ -247,31 +280,67 @@ where
         Q: Hash + Eq + ?Sized,
     {
         self.invalidate_with(key, |_| ())
+            .0
             .is_some_and(|live| live.is_some())
+    }
+
+    /// [`invalidate`](Self::invalidate), saying whether the write reached the shared tier
+    /// (feature `redis`; always `Ok` without a tier): `Ok` with `invalidate`'s answer, or an
+    /// error if the invalidation was deferred. The local copy is removed either way.
+    ///
+    /// # Errors
+    ///
+    /// [`SharedWriteError`](crate::fleet::SharedWriteError), as for
+    /// [`try_insert`](Self::try_insert).
+    ///
+    /// ```
+    /// let cache: herdcache::Cache<u32, u32> = herdcache::Cache::builder().max_capacity(10).build()?;
+    /// cache.insert(1, 10);
+    /// assert_eq!(cache.try_invalidate(&1), Ok(true));
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub fn try_invalidate<Q>(&self, key: &Q) -> Result<bool, crate::fleet::SharedWriteError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (live, sent) = self.invalidate_with(key, |_| ());
+        crate::fleet::SharedWriteError::of(sent)?;
+        Ok(live.is_some_and(|live| live.is_some()))
     }
 
     /// Removes `key`'s entry (invalidating it in the shared tier first): `None` if there was
     /// none, else what `read` makes of its live value, if it had one. `read` runs after the
     /// removal's bookkeeping, so a panic in it (a user `Clone`) loses only its result.
+    /// ... and what became of the shared tier's half (`None` without a tier).
     pub(crate) fn invalidate_with<Q, R>(
         &self,
         key: &Q,
         read: impl FnOnce(&V) -> R,
-    ) -> Option<Option<R>>
+    ) -> (Option<Option<R>>, Option<Sent>)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         // In progress until the local removal is done (other own writes of the key look).
         #[cfg(feature = "redis")]
-        let _written = self.inner.write_through(key, None, None);
+        let written = self.inner.write_through(key, None, None);
+        #[cfg(feature = "redis")]
+        let sent = written.as_ref().map(|w| w.sent);
+        #[cfg(not(feature = "redis"))]
+        let sent = None;
         let pinned = self.inner.pin();
         let hash = self.inner.hash(key);
-        let live = self
+        let Some(live) = self
             .inner
-            .remove(hash, key, RemovalCause::Invalidated, &pinned)?;
+            .remove(hash, key, RemovalCause::Invalidated, &pinned)
+        else {
+            return (None, sent);
+        };
         // The guard keeps the removed node alive.
-        Some(live.map(read))
+        (Some(live.map(read)), sent)
     }
 
     /// Removes every entry (detaching loads in progress). Entries inserted while this runs may
@@ -293,6 +362,28 @@ where
         #[cfg(feature = "redis")]
         self.inner.invalidate_all_through();
         self.inner.clear();
+    }
+
+    /// [`invalidate_all`](Self::invalidate_all), saying whether the write reached the shared
+    /// tier (feature `redis`; always `Ok` without a tier). The local copies are removed
+    /// either way.
+    ///
+    /// # Errors
+    ///
+    /// [`SharedWriteError`](crate::fleet::SharedWriteError), as for
+    /// [`try_insert`](Self::try_insert).
+    ///
+    /// ```
+    /// let cache: herdcache::Cache<u32, u32> = herdcache::Cache::builder().max_capacity(10).build()?;
+    /// assert_eq!(cache.try_invalidate_all(), Ok(()));
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub fn try_invalidate_all(&self) -> Result<(), crate::fleet::SharedWriteError> {
+        let sent = self.inner.invalidate_all_through();
+        self.inner.clear();
+        crate::fleet::SharedWriteError::of(sent)
     }
 
     /// Entries held, including expired ones not yet removed and keys whose load is in

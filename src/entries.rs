@@ -56,7 +56,7 @@ where
         Q: Hash + Eq + ?Sized,
         V: Clone,
     {
-        self.invalidate_with(key, V::clone).flatten()
+        self.invalidate_with(key, V::clone).0.flatten()
     }
 
     /// Clones of the cache's live entries, in no particular order: a walk that holds no

@@ -52,6 +52,12 @@ const COUNTERS: &[Exported] = &[
     ("herdcache_shared_conflicts_total", |s| s.shared_conflicts),
     ("herdcache_shared_skipped_total", |s| s.shared_skipped),
     ("herdcache_listener_skipped_total", |s| s.listener_skipped),
+    ("herdcache_shared_writes_failed_total", |s| {
+        s.shared_writes_failed
+    }),
+    ("herdcache_shared_writes_replayed_total", |s| {
+        s.shared_writes_replayed
+    }),
 ];
 
 impl<K, V, S> Cache<K, V, S>

@@ -63,9 +63,13 @@ pub(crate) enum Counter {
     SharedSkipped,
     /// Removals not told to the listener: past `MAX_LISTENER_CHAIN` in one chain.
     ListenerSkipped,
+    /// Writes that could not reach the shared tier and were deferred.
+    SharedWritesFailed,
+    /// Deferred writes replayed to the shared tier.
+    SharedWritesReplayed,
 }
 
-const COUNTERS: usize = Counter::ListenerSkipped as usize + 1;
+const COUNTERS: usize = Counter::SharedWritesReplayed as usize + 1;
 /// Load durations, by power of two: bucket `i` counts loads of less than `2^(i + 10)` ns
 /// (bucket 0: under about 1 µs; the last: everything from 2^38 ns, about 4.6 minutes, on).
 const LATENCY_BUCKETS: usize = 30;
@@ -189,6 +193,12 @@ pub struct Stats {
     /// first is also logged, once per tier). Drive such loads with `get_or_load_spawned` and a
     /// `TokioSpawner`, or call from a tokio task, to keep them in the fleet's single flight.
     pub shared_skipped: u64,
+    /// Writes (`invalidate`, `insert`, `invalidate_all`) that could not reach the shared tier
+    /// (feature `redis`): applied locally and queued, to be replayed (see
+    /// `fleet::RedisTierBuilder::outbox_limit`).
+    pub shared_writes_failed: u64,
+    /// Of those, writes replayed to the shared tier once Redis answered again.
+    pub shared_writes_replayed: u64,
     /// Values that left the cache without the eviction listener hearing of it: removals made
     /// by a chain of listener calls (a listener writing to its own cache, whose writes evict)
     /// past [`MAX_LISTENER_CHAIN`](crate::MAX_LISTENER_CHAIN) notifications.
@@ -471,6 +481,8 @@ impl CounterRegistry {
             shared_conflicts: get(Counter::SharedConflicts),
             shared_skipped: get(Counter::SharedSkipped),
             listener_skipped: get(Counter::ListenerSkipped),
+            shared_writes_failed: get(Counter::SharedWritesFailed),
+            shared_writes_replayed: get(Counter::SharedWritesReplayed),
             // Both sums are read at slightly different instants: never below zero.
             loads_in_flight: get(Counter::Loads).saturating_sub(get(Counter::LoadsEnded)),
             stale_served: get(Counter::StaleServed),

@@ -84,7 +84,8 @@ fn linked(instances: &[&Cache<String, String>]) {
 /// channel, as Redis counts them.
 fn subscribed(redis: &RedisServer, prefix: &str, instances: usize) {
     let mut c = redis.client();
-    let channel = format!("{prefix}inv");
+    // The tier announces on `<prefix>inv@<db>`; these tests use database 0.
+    let channel = format!("{prefix}inv@0");
     wait_until("instances subscribed", || {
         let counts: Vec<(String, usize)> = redis::cmd("PUBSUB")
             .arg("NUMSUB")

@@ -219,3 +219,90 @@ fn corrupt_bookkeeping_keys_heal_and_take_nothing_down() {
             && b.shared_status().is_some_and(|s| s.reachable)
     );
 }
+
+/// A tier whose operations give up quickly, for the outage tests.
+fn impatient(url: &str, prefix: &str) -> Cache<String, String> {
+    Cache::builder()
+        .max_capacity(100)
+        .time_to_live(Duration::from_secs(60))
+        .shared_tier(
+            RedisTier::builder(url)
+                .key_prefix(prefix)
+                .wait_bound(Duration::from_secs(5))
+                .coherence_bound(BOUND)
+                .op_timeout(Duration::from_millis(300))
+                .retry_after(Duration::from_millis(100))
+                .build(|k: &String| k.clone(), Utf8)
+                .expect("valid tier settings"),
+        )
+        .build()
+        .expect("valid cache settings")
+}
+
+/// A write made while Redis is stalled (SIGSTOP) is not lost: the writer is told it was
+/// deferred, keeps it, and replays it once Redis answers, so the old shared value never comes
+/// back. (Writes during a stall were dropped, the caller learned nothing, and the old value
+/// was current again after the stall: 691 stale reads, up to 8 s old.)
+#[test]
+fn a_write_during_a_stall_is_deferred_and_replayed() {
+    let Some(redis) = RedisServer::start("a_write_during_a_stall_is_deferred") else {
+        return;
+    };
+    let (a, b) = (impatient(&redis.url(), "s:"), impatient(&redis.url(), "s:"));
+    linked(&[&a, &b]);
+    let k = "k".to_owned();
+    assert_eq!(a.get_or_load(&k, load("old")).as_deref(), Ok("old"));
+    assert_eq!(b.get_or_load(&k, load("other")).as_deref(), Ok("old"));
+    redis.pause();
+    let r = a.try_invalidate(&k);
+    redis.resume();
+    assert_eq!(r, Err(herdcache::fleet::SharedWriteError::Deferred));
+    assert_eq!(a.get(&k), None, "the local half is done");
+    // B loads through the tier until the replay reaches it: the old value must go.
+    wait_until("the old shared value is invalidated", || {
+        b.invalidate(&"unrelated".to_owned());
+        b.get(&k).is_none() && b.get_or_load(&k, load("new")).as_deref() == Ok("new")
+    });
+    // The write may also have landed late, when the stall ended: replayed anyway (an
+    // invalidation twice is one).
+    wait_until("A replays its deferred write", || {
+        a.stats().shared_writes_replayed >= 1
+    });
+    assert!(a.stats().shared_writes_failed >= 1);
+    // Its outbox empty, A uses the tier again (the replay invalidated B's load too: a later
+    // write of the key counts as newer than B's read of it).
+    let used = a.stats().shared_hits + a.stats().shared_loads;
+    assert!(a.get_or_load(&k, load("newer")).is_ok());
+    assert!(
+        a.stats().shared_hits + a.stats().shared_loads > used,
+        "A reads the tier again"
+    );
+}
+
+/// A write made while Redis is down is replayed when it comes back, so a restart that
+/// restores the old data (an append-only file) does not make the old value current again.
+#[test]
+fn a_write_during_an_outage_outlives_a_restart_that_restores_old_data() {
+    let Some(mut redis) = RedisServer::start_persistent("a_write_during_an_outage") else {
+        return;
+    };
+    let a = impatient(&redis.url(), "o:");
+    linked(&[&a]);
+    let k = "k".to_owned();
+    assert_eq!(a.get_or_load(&k, load("old")).as_deref(), Ok("old"));
+    redis.stop();
+    assert_eq!(
+        a.try_insert(k.clone(), "new".to_owned()),
+        Err(herdcache::fleet::SharedWriteError::Deferred)
+    );
+    redis.restart(); // the append-only file brings "old" back
+    wait_until("A replays its write", || {
+        a.stats().shared_writes_replayed >= 1
+    });
+    // A new instance does not read the value the write replaced.
+    let fresh = impatient(&redis.url(), "o:");
+    assert_eq!(
+        fresh.get_or_load(&k, load("from the source")).as_deref(),
+        Ok("from the source")
+    );
+}

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Engine;
-use crate::fleet::{Heard, Keep, OwnWrite, Seen};
+use crate::fleet::{Heard, Keep, OwnWrite, Seen, Sent};
 use crate::stats::Counter;
 
 /// A write this instance made through the tier, for the check after its local half (it
@@ -18,6 +18,8 @@ pub(crate) struct Written<'a> {
     /// The longest the local copy may live (nanoseconds): the coherence bound while the link
     /// is down.
     pub(crate) cap: Option<u64>,
+    /// Whether the write reached Redis, or was deferred.
+    pub(crate) sent: Sent,
 }
 
 impl<K, V, S> Engine<K, V, S>
@@ -55,20 +57,23 @@ where
         let own = tier.coherence().begin_write(pkey);
         let count = self.counting();
         let ttl = value.and_then(|(_, t)| t).map(Duration::from_nanos);
-        tier.write(key, pkey, value.map(|(v, _)| (v, ttl)), &count);
+        let sent = tier.write(key, pkey, value.map(|(v, _)| (v, ttl)), &count);
         let cap = match tier.keep(None) {
             Keep::For(Some(bound)) => Some(crate::clock::duration_to_nanos(bound)),
             _ => None,
         };
-        Written { pkey, own, cap }
+        Written {
+            pkey,
+            own,
+            cap,
+            sent,
+        }
     }
 
-    /// The tier's half of `invalidate_all`.
-    pub(crate) fn invalidate_all_through(&self) {
-        let Some(tier) = self.shared() else {
-            return;
-        };
-        tier.announce_invalidate_all(&self.counting());
+    /// The tier's half of `invalidate_all`: `None` without a tier.
+    pub(crate) fn invalidate_all_through(&self) -> Option<Sent> {
+        let tier = self.shared()?;
+        Some(tier.announce_invalidate_all(&self.counting()))
     }
 
     /// After a local install (an insert's, or a load's): drops it if another instance's write
@@ -96,6 +101,9 @@ where
             return;
         };
         let shared = self.counters().shared();
+        // Deferred writes go out first, as soon as Redis answers: until then this instance
+        // does not read the tier.
+        tier.replay_outbox(&|c| shared.bump_shared(c));
         match heard {
             Heard::Key(pkey) => {
                 tier.coherence().heard_key(pkey);

@@ -10,6 +10,7 @@
 
 mod codec;
 mod coherence;
+mod outbox;
 mod protocol;
 mod redis_store;
 #[cfg(test)]
@@ -34,6 +35,7 @@ use crate::error::BuildError;
 pub(crate) use crate::flight::Keep;
 use crate::stats::Counter;
 pub(crate) use coherence::{Coherence, Heard, OwnWrite, Seen};
+pub(crate) use outbox::Sent;
 use protocol::{Hooks, Keys, Outcome, Plan, StoreError};
 use redis_store::{AsyncStore, SyncStore, TierKeys};
 
@@ -107,9 +109,18 @@ use redis_store::{AsyncStore, SyncStore, TierKeys};
 ///   [`log_interval`](RedisTierBuilder::log_interval) (through the `log` crate), and Redis is
 ///   skipped for [`retry_after`](RedisTierBuilder::retry_after); then it is tried again, so a
 ///   restarted Redis is used again without restarting anything. It is never a load error.
-///   Meanwhile the link is down, so local copies live at most the bound. A write made while
-///   Redis cannot be reached changes only the local copy (counted in `shared_errors`): other
-///   instances may serve the old shared value until it expires (at most `max_shared_ttl`).
+///   Meanwhile the link is down, so local copies live at most the bound.
+/// - **A write that cannot reach Redis** (down, stalled past `op_timeout`, a connection
+///   closed under it: a dead pooled connection is first replaced and the write sent again,
+///   once) is applied locally and kept in an outbox, as an invalidation of its key, replayed
+///   in order as soon as Redis answers, before this instance reads the tier again; past
+///   [`outbox_limit`](RedisTierBuilder::outbox_limit) writes, recovery invalidates every
+///   shared value instead. Counted in [`Stats::shared_writes_failed`](crate::Stats::shared_writes_failed)
+///   and [`Stats::shared_writes_replayed`](crate::Stats::shared_writes_replayed), logged, and
+///   reported to the callers that ask (`Cache::try_insert`, `try_invalidate`,
+///   `try_invalidate_all`). So a write is applied, or known not to be yet, and recovery never
+///   makes an older shared value current again. Until the replay, other instances may serve
+///   the old shared value: what they cannot know of, they cannot drop.
 /// - **A failover or a restore from a snapshot** may lose recent writes with the data they
 ///   protected; a load in flight across it is refused rather than trusted.
 /// - **Redis restarted without persistence**: values, generations and epoch are gone
@@ -151,6 +162,8 @@ pub struct RedisTier<K, V> {
     channel: String,
     /// A hash of the value type and the codec, which every value the tier writes carries.
     value_tag: u64,
+    /// Writes that could not reach Redis, to replay.
+    outbox: outbox::Outbox,
     lease: Duration,
     wait_bound: Duration,
     max_shared_ttl: Duration,
@@ -207,6 +220,7 @@ pub struct RedisTierBuilder {
     log_interval: Duration,
     max_shared_ttl: Duration,
     coherence_bound: Duration,
+    outbox_limit: usize,
 }
 
 impl RedisTier<(), ()> {
@@ -235,6 +249,7 @@ impl RedisTier<(), ()> {
             log_interval: Duration::from_secs(10),
             max_shared_ttl: Duration::from_secs(3600),
             coherence_bound: Duration::from_millis(100),
+            outbox_limit: 10_000,
         }
     }
 }
@@ -414,6 +429,30 @@ impl RedisTierBuilder {
         self
     }
 
+    /// How many writes that could not reach Redis this instance keeps to replay (default
+    /// 10,000): an `invalidate`, `insert` or `invalidate_all` that fails (Redis down, stalled
+    /// past `op_timeout`, an error reply) is applied locally and queued, as an invalidation of
+    /// its key, to be replayed in order once Redis answers again, before this instance reads
+    /// the tier again. Past this many, the queue is given up for one `invalidate_all` on
+    /// recovery, which covers every write it held. Counted in
+    /// [`Stats::shared_writes_failed`](crate::Stats::shared_writes_failed) and
+    /// [`Stats::shared_writes_replayed`](crate::Stats::shared_writes_replayed); the checked
+    /// writes (`Cache::try_invalidate` and its kin) say which writes were deferred.
+    ///
+    /// ```
+    /// # use herdcache::fleet::{RedisTier, Utf8};
+    /// let tier = RedisTier::builder("redis://127.0.0.1/")
+    ///     .key_prefix("orders:")
+    ///     .outbox_limit(100_000) // a write-heavy service: keep more through an outage
+    ///     .build(|id: &u64| id.to_string(), Utf8)?;
+    /// # let _: RedisTier<u64, String> = tier;
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    pub fn outbox_limit(mut self, writes: usize) -> Self {
+        self.outbox_limit = writes;
+        self
+    }
+
     /// Checks the settings and builds the tier: `key_name` names a key in Redis (after the
     /// prefix), `codec` carries values across the wire.
     ///
@@ -495,6 +534,7 @@ impl RedisTierBuilder {
             codec: Box::new(codec),
             channel: format!("{prefix}inv@{db}"),
             value_tag,
+            outbox: outbox::Outbox::new(self.outbox_limit),
             coherence: Arc::new(Coherence::new(
                 self.coherence_bound,
                 FixedState::with_seed(0x6e73).hash_one((&prefix, db)),
@@ -559,6 +599,33 @@ impl Health {
         }
     }
 
+    /// A write was queued for replay (or, past the outbox's bound, given up for an
+    /// `invalidate_all`): logged at most once per interval.
+    fn deferred(&self, sent: Sent) {
+        trace_event!(
+            WARN,
+            "a write could not reach the shared tier; deferred for replay"
+        );
+        if self.log_due() {
+            let how = match sent {
+                Sent::Overflowed => "the outbox is full: every shared value will be invalidated",
+                _ => "it will be replayed, in order, once Redis answers",
+            };
+            log::warn!("herdcache: a write could not reach Redis and was deferred: {how}");
+        }
+    }
+
+    /// Whether a log line is due (at most one per `log_interval`), claiming it.
+    fn log_due(&self) -> bool {
+        let now = self.now();
+        let last = self.logged_at.load(Ordering::Relaxed);
+        let due = last == 0 || now + 1 >= last + self.log_interval.as_nanos() as u64;
+        due && self
+            .logged_at
+            .compare_exchange(last, now + 1, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+
     fn failed(&self, e: &StoreError) {
         trace_event!(WARN, error = %e.message, "shared tier failed; loading locally");
         let now = self.now();
@@ -568,14 +635,7 @@ impl Health {
             self.down_until
                 .store(now + self.retry_after.as_nanos() as u64, Ordering::Relaxed);
         }
-        let last = self.logged_at.load(Ordering::Relaxed);
-        let due = last == 0 || now + 1 >= last + self.log_interval.as_nanos() as u64;
-        if due
-            && self
-                .logged_at
-                .compare_exchange(last, now + 1, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
+        if self.log_due() {
             log::warn!(
                 "herdcache: Redis failed ({}); loading locally, retrying Redis in {:?}",
                 e.message,
@@ -633,6 +693,48 @@ impl<V: 'static> Hooks<V> for TierHooks<'_, V> {
         (self.count)(c)
     }
 }
+
+/// A write whose shared-tier half did not reach Redis, from the checked writes
+/// ([`Cache::try_insert`](crate::Cache::try_insert),
+/// [`try_invalidate`](crate::Cache::try_invalidate),
+/// [`try_invalidate_all`](crate::Cache::try_invalidate_all)). The write was applied to this
+/// instance; the fleet learns of it later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SharedWriteError {
+    /// Queued: replayed, as an invalidation of its key, once Redis answers, before this
+    /// instance reads the tier again (see
+    /// [`outbox_limit`](RedisTierBuilder::outbox_limit)).
+    Deferred,
+    /// The outbox was full: on recovery every shared value is invalidated instead.
+    OutboxFull,
+}
+
+impl SharedWriteError {
+    /// `Ok` for a write that reached Redis (or had no tier to reach).
+    pub(crate) fn of(sent: Option<Sent>) -> Result<(), Self> {
+        match sent {
+            None | Some(Sent::Applied) => Ok(()),
+            Some(Sent::Deferred) => Err(SharedWriteError::Deferred),
+            Some(Sent::Overflowed) => Err(SharedWriteError::OutboxFull),
+        }
+    }
+}
+
+impl fmt::Display for SharedWriteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SharedWriteError::Deferred => {
+                "the write did not reach the shared tier; it is queued, to be replayed once Redis answers"
+            }
+            SharedWriteError::OutboxFull => {
+                "the write did not reach the shared tier, whose outbox is full: on recovery every shared value is invalidated"
+            }
+        })
+    }
+}
+
+impl std::error::Error for SharedWriteError {}
 
 /// What an instance knows of its shared tier, from
 /// [`Cache::shared_status`](crate::Cache::shared_status): for readiness probes, and for
@@ -766,9 +868,10 @@ impl<K, V: 'static> RedisTier<K, V> {
     }
 
     /// The Redis names for one coordinated load of `key`, or `None` while Redis is being
-    /// skipped after a failure.
+    /// skipped after a failure, and while writes wait to be replayed (the tier may hold
+    /// values they invalidate).
     fn begin(&self, key: &K, pkey: u64) -> Option<Names> {
-        (!self.health.is_down()).then(|| self.names(key, pkey))
+        (!self.health.is_down() && !self.outbox.pending()).then(|| self.names(key, pkey))
     }
 
     /// A thread's coordinated load: `load` runs at most once, on this thread.

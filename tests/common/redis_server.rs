@@ -3,6 +3,8 @@
 
 // Included by the fleet tests, for which `pub` means "for the including crate".
 #![allow(unreachable_pub)]
+// Each test crate uses some of these.
+#![allow(dead_code)]
 
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -13,6 +15,8 @@ pub struct RedisServer {
     child: Option<Child>,
     pub port: u16,
     dir: PathBuf,
+    /// Whether the server keeps an append-only file in `dir` (restarts then find their data).
+    aof: bool,
 }
 
 impl RedisServer {
@@ -50,9 +54,37 @@ impl RedisServer {
             child: None,
             port,
             dir,
+            aof: false,
         };
         s.restart();
         Some(s)
+    }
+
+    /// As `start`, with an append-only file: a server killed and restarted finds its data.
+    pub fn start_persistent(test: &str) -> Option<Self> {
+        let mut s = Self::start(test)?;
+        s.aof = true;
+        s.restart();
+        Some(s)
+    }
+
+    /// Stops the server in its tracks (SIGSTOP), as a stalled host would; `resume` goes on.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a paused server go on (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self.child.as_ref().expect("a running server").id();
+        let ok = Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid}");
     }
 
     pub fn url(&self) -> String {
@@ -84,7 +116,9 @@ impl RedisServer {
                 "--save",
                 "",
                 "--appendonly",
-                "no",
+                if self.aof { "yes" } else { "no" },
+                "--appendfsync",
+                "always",
                 "--protected-mode",
                 "yes",
             ])
