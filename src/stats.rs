@@ -67,9 +67,11 @@ pub(crate) enum Counter {
     SharedWritesFailed,
     /// Deferred writes replayed to the shared tier.
     SharedWritesReplayed,
+    /// Values kept out of the shared tier for their size.
+    SharedTooLarge,
 }
 
-const COUNTERS: usize = Counter::SharedWritesReplayed as usize + 1;
+const COUNTERS: usize = Counter::SharedTooLarge as usize + 1;
 /// Load durations, by power of two: bucket `i` counts loads of less than `2^(i + 10)` ns
 /// (bucket 0: under about 1 µs; the last: everything from 2^38 ns, about 4.6 minutes, on).
 const LATENCY_BUCKETS: usize = 30;
@@ -199,6 +201,9 @@ pub struct Stats {
     pub shared_writes_failed: u64,
     /// Of those, writes replayed to the shared tier once Redis answered again.
     pub shared_writes_replayed: u64,
+    /// Values kept out of the shared tier because, encoded, they were larger than its
+    /// `max_value_size` (feature `redis`): they stayed in the instance that had them.
+    pub shared_too_large: u64,
     /// Values that left the cache without the eviction listener hearing of it: removals made
     /// by a chain of listener calls (a listener writing to its own cache, whose writes evict)
     /// past [`MAX_LISTENER_CHAIN`](crate::MAX_LISTENER_CHAIN) notifications.
@@ -483,6 +488,7 @@ impl CounterRegistry {
             listener_skipped: get(Counter::ListenerSkipped),
             shared_writes_failed: get(Counter::SharedWritesFailed),
             shared_writes_replayed: get(Counter::SharedWritesReplayed),
+            shared_too_large: get(Counter::SharedTooLarge),
             // Both sums are read at slightly different instants: never below zero.
             loads_in_flight: get(Counter::Loads).saturating_sub(get(Counter::LoadsEnded)),
             stale_served: get(Counter::StaleServed),

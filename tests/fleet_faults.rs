@@ -306,3 +306,56 @@ fn a_write_during_an_outage_outlives_a_restart_that_restores_old_data() {
         Ok("from the source")
     );
 }
+
+/// A value too large for the tier stays in the instance that has it: an insert still
+/// invalidates the key in the tier, a load releases its lock without publishing, and nothing
+/// fails or times out. (32 MB values made writes that were applied report failure, reads
+/// time out and mark the tier down, and a publish that timed out left its lock behind.)
+#[test]
+fn a_value_too_large_for_the_tier_stays_local_and_takes_nothing_down() {
+    let Some(redis) = RedisServer::start("a_value_too_large_for_the_tier") else {
+        return;
+    };
+    let small = |prefix: &str| -> Cache<String, String> {
+        Cache::builder()
+            .max_capacity(100)
+            .time_to_live(Duration::from_secs(60))
+            .shared_tier(
+                RedisTier::builder(redis.url())
+                    .key_prefix(prefix)
+                    .max_value_size(1_000)
+                    .wait_bound(Duration::from_secs(5))
+                    .coherence_bound(BOUND)
+                    .op_timeout(Duration::from_secs(2))
+                    .build(|k: &String| k.clone(), Utf8)
+                    .unwrap(),
+            )
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (small("big:"), small("big:"));
+    linked(&[&a, &b]);
+    let (k, big) = ("k".to_owned(), "x".repeat(2_000));
+    assert_eq!(b.get_or_load(&k, load("old")).as_deref(), Ok("old"));
+    a.insert(k.clone(), big.clone());
+    wait_until("B drops the value A's insert replaced", || {
+        b.get(&k).is_none()
+    });
+    // B's load finds no shared value (A's stayed local) and loads for itself, at once.
+    assert_eq!(b.get_or_load(&k, load("b's own")).as_deref(), Ok("b's own"));
+    // A load of a large value publishes nothing, and frees its lock for the next instance.
+    let j = "j".to_owned();
+    assert_eq!(
+        a.get_or_load(&j, |_| Ok::<_, ()>(big.clone()))
+            .map(|v| v.len()),
+        Ok(2_000)
+    );
+    assert_eq!(b.get_or_load(&j, load("small")).as_deref(), Ok("small"));
+    let (sa, sb) = (a.stats(), b.stats());
+    assert_eq!((sa.shared_errors, sb.shared_errors), (0, 0));
+    assert_eq!(
+        sb.shared_wait_timeouts, 0,
+        "B waited for a lock A left behind"
+    );
+    assert_eq!(sa.shared_too_large, 2, "{sa:?}");
+}

@@ -164,6 +164,8 @@ pub struct RedisTier<K, V> {
     value_tag: u64,
     /// Writes that could not reach Redis, to replay.
     outbox: outbox::Outbox,
+    /// The largest encoded value shared, in bytes.
+    max_value_size: usize,
     lease: Duration,
     wait_bound: Duration,
     max_shared_ttl: Duration,
@@ -221,6 +223,7 @@ pub struct RedisTierBuilder {
     max_shared_ttl: Duration,
     coherence_bound: Duration,
     outbox_limit: usize,
+    max_value_size: usize,
 }
 
 impl RedisTier<(), ()> {
@@ -250,6 +253,7 @@ impl RedisTier<(), ()> {
             max_shared_ttl: Duration::from_secs(3600),
             coherence_bound: Duration::from_millis(100),
             outbox_limit: 10_000,
+            max_value_size: 1 << 20,
         }
     }
 }
@@ -429,6 +433,28 @@ impl RedisTierBuilder {
         self
     }
 
+    /// The largest value, encoded, that the tier shares (default 1 MiB): a larger one stays
+    /// in the instance that loaded or inserted it (an insert still invalidates the key in
+    /// the tier, so no other instance serves the value it replaced), counted in
+    /// [`Stats::shared_too_large`](crate::Stats::shared_too_large). Shared values must
+    /// cross the wire within `op_timeout`: tens of megabytes did not, and their reads timed
+    /// out and took the tier down. A read also skips a stored value over the limit (written
+    /// by an instance with a larger one).
+    ///
+    /// ```
+    /// # use herdcache::fleet::{RedisTier, Raw};
+    /// let tier = RedisTier::builder("redis://127.0.0.1/")
+    ///     .key_prefix("thumbnails:")
+    ///     .max_value_size(256 << 10)
+    ///     .build(|id: &u64| id.to_string(), Raw)?;
+    /// # let _: RedisTier<u64, Vec<u8>> = tier;
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    pub fn max_value_size(mut self, bytes: usize) -> Self {
+        self.max_value_size = bytes;
+        self
+    }
+
     /// How many writes that could not reach Redis this instance keeps to replay (default
     /// 10,000): an `invalidate`, `insert` or `invalidate_all` that fails (Redis down, stalled
     /// past `op_timeout`, an error reply) is applied locally and queued, as an invalidation of
@@ -519,6 +545,8 @@ impl RedisTierBuilder {
         let tier_keys = TierKeys {
             epoch: format!("{prefix}epoch"),
             sequence: format!("{prefix}seq"),
+            // The stamp (two numbers of at most 20 digits, two colons) and the type's tag.
+            max_value_size: self.max_value_size.saturating_add(60),
         };
         // Values carry their type: a value written by a cache of another value type (or
         // codec) under the same prefix is a miss, never a wrong value decoded.
@@ -535,6 +563,7 @@ impl RedisTierBuilder {
             channel: format!("{prefix}inv@{db}"),
             value_tag,
             outbox: outbox::Outbox::new(self.outbox_limit),
+            max_value_size: self.max_value_size,
             coherence: Arc::new(Coherence::new(
                 self.coherence_bound,
                 FixedState::with_seed(0x6e73).hash_one((&prefix, db)),
@@ -653,6 +682,26 @@ pub(crate) fn random_u64() -> u64 {
     RandomState::new().hash_one((std::process::id(), seq, Instant::now()))
 }
 
+/// The bytes to store for `value`, tagged with its type, if the codec can encode it and they
+/// are at most `max` bytes; else `None`, counted.
+fn encode<V: 'static>(
+    codec: &dyn Codec<V>,
+    tag: u64,
+    max: usize,
+    value: &V,
+    count: &dyn Fn(Counter),
+) -> Option<Vec<u8>> {
+    let Ok(bytes) = codec.encode(value) else {
+        count(Counter::SharedCodecErrors);
+        return None;
+    };
+    if bytes.len() > max {
+        count(Counter::SharedTooLarge);
+        return None;
+    }
+    Some(tagged(tag, bytes))
+}
+
 /// The bytes stored for a value: its type's tag (see `RedisTier::value_tag`), then the
 /// codec's bytes.
 pub(crate) fn tagged(tag: u64, bytes: Vec<u8>) -> Vec<u8> {
@@ -677,6 +726,7 @@ fn token() -> String {
 struct TierHooks<'a, V: 'static> {
     codec: &'a dyn Codec<V>,
     tag: u64,
+    max_value_size: usize,
     count: &'a (dyn Fn(Counter) + Sync),
 }
 
@@ -686,7 +736,7 @@ impl<V: 'static> Hooks<V> for TierHooks<'_, V> {
     }
 
     fn encode(&self, value: &V) -> Option<Vec<u8>> {
-        self.codec.encode(value).ok().map(|b| tagged(self.tag, b))
+        encode(self.codec, self.tag, self.max_value_size, value, self.count)
     }
 
     fn count(&self, c: Counter) {
@@ -893,6 +943,7 @@ impl<K, V: 'static> RedisTier<K, V> {
         let hooks = TierHooks {
             codec: &*self.codec,
             tag: self.value_tag,
+            max_value_size: self.max_value_size,
             count,
         };
         let coordinated =
@@ -924,6 +975,7 @@ impl<K, V: 'static> RedisTier<K, V> {
         let hooks = TierHooks {
             codec: &*self.codec,
             tag: self.value_tag,
+            max_value_size: self.max_value_size,
             count,
         };
         let plan = self.plan(&names, &load_plan);

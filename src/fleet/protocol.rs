@@ -165,6 +165,8 @@ pub(crate) enum Outcome<V, E> {
 /// Hooks from the protocol to the cache: the codec and the counters.
 pub(crate) trait Hooks<V> {
     fn decode(&self, bytes: &[u8]) -> Option<V>;
+    /// The bytes to publish for `value`, or `None` (counted by the hooks: a codec error, a
+    /// value too large to share).
     fn encode(&self, value: &V) -> Option<Vec<u8>>;
     fn count(&self, c: Counter);
 }
@@ -354,13 +356,16 @@ where
                         .await
                     {
                         Ok(written) => refused = !written,
+                        // Released even so (best effort): a publish that timed out must not
+                        // leave the lock to its lease, holding up every other instance.
                         Err(e) => {
-                            held.disarm();
+                            drop(held);
                             return Outcome::Failed(result, e);
                         }
                     }
                 }
-                None => hooks.count(Counter::SharedCodecErrors),
+                // Not shareable (the hooks counted why): the others load for themselves.
+                None => {}
             }
         }
         if refused {

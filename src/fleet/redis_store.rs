@@ -15,6 +15,8 @@ use super::protocol::{Keys, Snapshot, Stamp, Store, StoreError};
 pub(crate) struct TierKeys {
     pub(crate) epoch: String,
     pub(crate) sequence: String,
+    /// Tagged bytes longer than this (the value limit and its tag) are not read.
+    pub(crate) max_value_size: usize,
 }
 
 /// Compare-and-delete: frees the lock only for the holder of its token.
@@ -57,19 +59,21 @@ local function value(key)
 end
 ";
 
-/// KEYS: value, generation, epoch, sequence. ARGV: a generation TTL (ms) to claim with, or
-/// nothing. The value, its PTTL, and the key's stamp. Claiming (the lock's holder, before it
+/// KEYS: value, generation, epoch, sequence. ARGV: the largest value to return (longer ones
+/// read as missing: they would not cross the wire in time), then a generation TTL (ms) to
+/// claim with, or nothing. The value, its PTTL, and the key's stamp. Claiming (the lock's holder, before it
 /// loads) first gives a key without a generation (or a tier without an epoch) one, so the
 /// stamp it loads under is never "not set": a generation that disappears while it loads (an
 /// eviction, a failover) then fails its compare-and-set instead of matching again.
 const READ: &str = "
-if ARGV[1] then
+if ARGV[2] then
   if not num(KEYS[2]) then
-    redis.call('SET', KEYS[2], fresh(KEYS[4]), 'PX', ARGV[1])
+    redis.call('SET', KEYS[2], fresh(KEYS[4]), 'PX', ARGV[2])
   end
   if not num(KEYS[3]) then fresh(KEYS[3]) end
 end
-local v = value(KEYS[1])
+local v = false
+if redis.pcall('STRLEN', KEYS[1]) <= tonumber(ARGV[1]) then v = value(KEYS[1]) end
 local t = redis.call('PTTL', KEYS[1])
 return {v, t, num(KEYS[2]) or false, num(KEYS[3]) or false}
 ";
@@ -140,7 +144,8 @@ fn read_cmd(keys: Keys<'_>, tier: &TierKeys, claim: Option<Duration>) -> Cmd {
         .arg(keys.value)
         .arg(keys.generation)
         .arg(&tier.epoch)
-        .arg(&tier.sequence);
+        .arg(&tier.sequence)
+        .arg(tier.max_value_size);
     if let Some(ttl) = claim {
         c.arg(millis(ttl));
     }

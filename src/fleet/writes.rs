@@ -30,19 +30,20 @@ impl<K, V: 'static> RedisTier<K, V> {
         // tier leaves the old value to every other instance.
         let generation_key = self.generation_key(pkey);
         let message = self.coherence.message(Some(pkey));
+        // Not shareable (a codec error, too large): still invalidate, so no instance serves
+        // the old value.
         let encoded = match (key, value) {
-            (Some(k), Some((v, ttl))) => match self.codec.encode(v) {
-                Ok(bytes) => Some((
-                    format!("{}v:{}", self.prefix, (self.key_name)(k)),
-                    super::tagged(self.value_tag, bytes),
-                    self.shared_ttl(ttl),
-                )),
-                // Not shareable: still invalidate, so no instance serves the old value.
-                Err(_) => {
-                    count(Counter::SharedCodecErrors);
-                    None
-                }
-            },
+            (Some(k), Some((v, ttl))) => {
+                super::encode(&*self.codec, self.value_tag, self.max_value_size, v, count).map(
+                    |bytes| {
+                        (
+                            format!("{}v:{}", self.prefix, (self.key_name)(k)),
+                            bytes,
+                            self.shared_ttl(ttl),
+                        )
+                    },
+                )
+            }
             _ => None,
         };
         let w = Write {
