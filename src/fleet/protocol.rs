@@ -349,23 +349,20 @@ where
         // outlive a lease, not more), so the compare-and-set could not tell: not published.
         // The instance may still keep it: its own re-check covers the writes it heard.
         if read_at.elapsed() < plan.lease {
-            match hooks.encode(v) {
-                Some(bytes) => {
-                    match store
-                        .publish(plan.keys, stamp, bytes, plan.ttl, plan.generation_ttl)
-                        .await
-                    {
-                        Ok(written) => refused = !written,
-                        // Released even so (best effort): a publish that timed out must not
-                        // leave the lock to its lease, holding up every other instance.
-                        Err(e) => {
-                            drop(held);
-                            return Outcome::Failed(result, e);
-                        }
+            // Not shareable (`None`: the hooks counted why): the others load for themselves.
+            if let Some(bytes) = hooks.encode(v) {
+                match store
+                    .publish(plan.keys, stamp, bytes, plan.ttl, plan.generation_ttl)
+                    .await
+                {
+                    Ok(written) => refused = !written,
+                    // Released even so (best effort): a publish that timed out must not
+                    // leave the lock to its lease, holding up every other instance.
+                    Err(e) => {
+                        drop(held);
+                        return Outcome::Failed(result, e);
                     }
                 }
-                // Not shareable (the hooks counted why): the others load for themselves.
-                None => {}
             }
         }
         if refused {
