@@ -289,6 +289,8 @@ struct ChildReport {
     max_ms: f64,
     shared_hits: u64,
     shared_errors: u64,
+    /// Waits for another instance's lock that ended at the wait bound.
+    wait_timeouts: u64,
 }
 
 fn parse_report(line: &str) -> ChildReport {
@@ -308,6 +310,7 @@ fn parse_report(line: &str) -> ChildReport {
         max_ms: num("max_ms"),
         shared_hits: num("shared_hits") as u64,
         shared_errors: num("shared_errors") as u64,
+        wait_timeouts: num("wait_timeouts") as u64,
     }
 }
 
@@ -467,7 +470,7 @@ fn fleet_child_entry() {
     });
     let stats = cache.stats();
     println!(
-        "FLEET-CHILD reads={} failed={} max_ms={:.1} shared_hits={} shared_errors={}",
+        "FLEET-CHILD reads={} failed={} max_ms={:.1} shared_hits={} shared_errors={} wait_timeouts={}",
         results.iter().map(|r| r.0).sum::<u64>(),
         results.iter().map(|r| r.1).sum::<u64>(),
         results
@@ -479,6 +482,7 @@ fn fleet_child_entry() {
             * 1e3,
         stats.shared_hits,
         stats.shared_errors,
+        stats.shared_wait_timeouts,
     );
 }
 
@@ -533,14 +537,19 @@ fn a_fleet_of_processes_loads_a_hot_key_about_once_per_expiry() {
     let _ = std::fs::remove_file(&source);
 }
 
+/// A holder killed mid-load stops renewing its lock, which lapses within two heartbeats: the
+/// surviving instance takes the lock over and loads once, as the holder, long before its wait
+/// bound (10 s), though the dead holder's lease was 30 s. (Its lock used to live the whole
+/// lease: every miss on every other instance waited its full bound, then loaded without
+/// publishing.)
 #[test]
-fn a_holder_killed_mid_load_costs_the_fleet_one_lease() {
-    let Some(redis) = RedisServer::start("a_holder_killed_mid_load_costs_the_fleet_one_lease")
-    else {
+fn a_holder_killed_mid_load_costs_the_fleet_two_heartbeats_not_its_lease() {
+    let test = "a_holder_killed_mid_load_costs_the_fleet_two_heartbeats_not_its_lease";
+    let Some(redis) = RedisServer::start(test) else {
         return;
     };
     let source = source_file("crash");
-    let (lease_ms, wait_ms) = (1_000, 5_000);
+    let (lease_ms, wait_ms) = (30_000, 10_000);
     let spec = |id, role| ChildSpec {
         url: redis.url(),
         id,
@@ -574,9 +583,18 @@ fn a_holder_killed_mid_load_costs_the_fleet_one_lease() {
     // an assertion: on a loaded machine it once took 63.9 s against a bound of 7 s.
     assert_eq!(report.failed, 0);
     assert_eq!(
+        report.wait_timeouts, 0,
+        "the survivor took the dead holder's lock over instead of waiting out its bound: {report:?}"
+    );
+    assert_eq!(
         loads.iter().filter(|l| l.0 == 1).count(),
         1,
-        "the surviving instance loaded once, after the lease: {loads:?}"
+        "the surviving instance loaded once: {loads:?}"
+    );
+    let value: Option<String> = check.get("fleet:v:hot").unwrap();
+    assert!(
+        value.is_some_and(|v| v.ends_with("loaded by 1")),
+        "the survivor published its value as the lock's holder"
     );
     let _ = std::fs::remove_file(&source);
 }

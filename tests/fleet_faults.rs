@@ -359,3 +359,52 @@ fn a_value_too_large_for_the_tier_stays_local_and_takes_nothing_down() {
     );
     assert_eq!(sa.shared_too_large, 2, "{sa:?}");
 }
+
+/// A live holder whose load runs many heartbeats keeps its lock: another instance waits for
+/// its value instead of loading too, though the lock was set to live two heartbeats.
+#[test]
+fn a_live_holder_keeps_its_lock_through_a_long_load() {
+    let Some(redis) = RedisServer::start("a_live_holder_keeps_its_lock") else {
+        return;
+    };
+    let beating = |prefix: &str| {
+        Cache::builder()
+            .max_capacity(100)
+            .time_to_live(Duration::from_secs(60))
+            .shared_tier(
+                RedisTier::builder(redis.url())
+                    .key_prefix(prefix)
+                    .heartbeat(Duration::from_millis(20))
+                    .wait_bound(Duration::from_secs(30))
+                    .coherence_bound(BOUND)
+                    .op_timeout(Duration::from_secs(2))
+                    .build(|k: &String| k.clone(), Utf8)
+                    .unwrap(),
+            )
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (beating("live:"), beating("live:"));
+    linked(&[&a, &b]);
+    let k = "k".to_owned();
+    let mut check = redis.client();
+    std::thread::scope(|s| {
+        let holder = s.spawn(|| {
+            a.get_or_load(&k, |_| {
+                // Twenty lock lifetimes.
+                std::thread::sleep(Duration::from_millis(800));
+                Ok::<_, ()>("a's".to_owned())
+            })
+        });
+        wait_until("A takes the lock", || {
+            redis::cmd("EXISTS")
+                .arg("live:l:k")
+                .query::<bool>(&mut check)
+                .unwrap()
+        });
+        let got = b.get_or_load(&k, |_| Err::<String, ()>(()));
+        assert_eq!(got.as_deref(), Ok("a's"), "B waited for A's value");
+        assert_eq!(holder.join().unwrap().as_deref(), Ok("a's"));
+    });
+    assert_eq!(b.stats().shared_hits, 1);
+}

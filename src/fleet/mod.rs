@@ -10,6 +10,7 @@
 
 mod codec;
 mod coherence;
+mod heartbeat;
 mod outbox;
 mod protocol;
 mod redis_store;
@@ -35,6 +36,7 @@ use crate::error::BuildError;
 pub(crate) use crate::flight::Keep;
 use crate::stats::Counter;
 pub(crate) use coherence::{Coherence, Heard, OwnWrite, Seen};
+use heartbeat::Heartbeat;
 pub(crate) use outbox::Sent;
 use protocol::{Hooks, Keys, Outcome, Plan, StoreError};
 use redis_store::{AsyncStore, SyncStore, TierKeys};
@@ -46,11 +48,13 @@ use redis_store::{AsyncStore, SyncStore, TierKeys};
 /// 1. reads the shared value, its remaining TTL and the key's *stamp* (one Lua script); a
 ///    value written under the current stamp is the answer, cached locally until its Redis
 ///    expiry, so instances expire together;
-/// 2. else takes the lock, `SET <prefix>l:<key> <token> NX PX <lease>`; the winner reads the
-///    value once more (the previous holder may have written it and released just before),
-///    and if there is still none loads from the source, writes the value only if the key's
+/// 2. else takes the lock, `SET <prefix>l:<key> <token> NX PX <2 heartbeats>`, and renews it
+///    every [`heartbeat`](RedisTierBuilder::heartbeat) while it loads, for at most its
+///    [`lease`](RedisTierBuilder::lease); the winner reads the value once more (the previous
+///    holder may have written it and released just before), and if there is still none
+///    loads from the source, writes the value only if it still holds the lock and the key's
 ///    stamp is still the one it read before loading (a Lua compare-and-set), and deletes the
-///    lock only if it still holds its token, so a holder whose lease ran out never frees the
+///    lock only if it still holds its token, so a holder whose lock lapsed never frees the
 ///    next holder's lock;
 /// 3. a loser re-reads the value (and retries the lock) with backoff from 2 ms to 50 ms, for
 ///    at most [`wait_bound`](RedisTierBuilder::wait_bound) or until its own load deadline,
@@ -96,9 +100,11 @@ use redis_store::{AsyncStore, SyncStore, TierKeys};
 ///
 /// # Failure modes
 /// - **Lock held too long** (a slow holder): the others load on their own once their wait
-///   bound (or their deadline) passes; the lease ends the lock anyway.
-/// - **Holder crashed** (killed mid-load): its lock lives one lease at most; a waiter takes it
-///   over then (if its bound is longer than the lease) or loads at its bound.
+///   bound (or their deadline) passes; the holder stops renewing at its lease anyway.
+/// - **Holder died** (killed, frozen, cut off from Redis mid-load): its heartbeat stops and its
+///   lock lapses within two heartbeats (500 ms by default); a waiter takes it over then. A
+///   lock restored from a snapshot after a restart lapses as fast. A frozen holder that wakes
+///   up no longer holds the lock, and does not publish.
 /// - **A cancelled or panicking holder** (its future dropped past its deadline, or its loader
 ///   panicked): it releases its lock on the way out (best effort: a detached task for a
 ///   future, a blocking call for a thread).
@@ -167,6 +173,8 @@ pub struct RedisTier<K, V> {
     /// The largest encoded value shared, in bytes.
     max_value_size: usize,
     lease: Duration,
+    /// How often a held lock is renewed; it is set to live twice that.
+    heartbeat: Duration,
     wait_bound: Duration,
     max_shared_ttl: Duration,
     op_timeout: Duration,
@@ -187,6 +195,7 @@ impl<K, V> fmt::Debug for RedisTier<K, V> {
         f.debug_struct("RedisTier")
             .field("prefix", &self.prefix)
             .field("lease", &self.lease)
+            .field("heartbeat", &self.heartbeat)
             .field("wait_bound", &self.wait_bound)
             .field("max_shared_ttl", &self.max_shared_ttl)
             .field("coherence_bound", &self.coherence.bound)
@@ -216,6 +225,7 @@ pub struct RedisTierBuilder {
     url: String,
     prefix: Option<String>,
     lease: Duration,
+    heartbeat: Duration,
     wait_bound: Duration,
     op_timeout: Duration,
     retry_after: Duration,
@@ -246,6 +256,7 @@ impl RedisTier<(), ()> {
             url: url.into(),
             prefix: None,
             lease: Duration::from_secs(5),
+            heartbeat: Duration::from_millis(250),
             wait_bound: Duration::from_secs(1),
             op_timeout: Duration::from_millis(100),
             retry_after: Duration::from_secs(1),
@@ -304,9 +315,11 @@ impl RedisTierBuilder {
         self
     }
 
-    /// How long a lock lives unless its holder releases it (default 5 s): the most a crashed
-    /// holder can delay the fleet. Make it longer than a typical load: a holder whose load
-    /// outlives its lease does not publish its value. 1 ms to one day.
+    /// How long a load may hold its key's lock (default 5 s): its holder renews the lock
+    /// every [`heartbeat`](Self::heartbeat) up to this, and a load that outlives it does not
+    /// publish its value (the others then load for themselves once their wait bound passes).
+    /// Make it longer than a typical load. A holder that dies costs the others about two
+    /// heartbeats, not its lease. 1 ms to one day.
     ///
     /// ```
     /// # use std::time::Duration;
@@ -324,6 +337,29 @@ impl RedisTierBuilder {
     /// ```
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
+        self
+    }
+
+    /// How often a lock's holder renews it while its load runs (default 250 ms; 1 ms to one
+    /// day). A lock lives two heartbeats unless renewed, so a holder that died (killed,
+    /// frozen, cut off from Redis), or a lock restored from a snapshot after a restart,
+    /// holds the others up at most about that long; and a holder that missed its renewals
+    /// (frozen past two heartbeats) no longer publishes, since another may hold the lock.
+    /// One thread renews every lock the instance holds, one command per heartbeat, and only
+    /// while it holds some. Keep it well above the round trip to Redis and the host's
+    /// scheduling delays.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use herdcache::fleet::{RedisTier, Utf8};
+    /// let tier = RedisTier::builder("redis://127.0.0.1/").key_prefix("users:")
+    ///     .heartbeat(Duration::from_secs(1)) // a busy host: a dead holder costs ~2 s
+    ///     .build(|id: &u64| id.to_string(), Utf8)?;
+    /// # let _: RedisTier<u64, String> = tier;
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    pub fn heartbeat(mut self, interval: Duration) -> Self {
+        self.heartbeat = interval;
         self
     }
 
@@ -505,6 +541,13 @@ impl RedisTierBuilder {
         codec: impl Codec<V>,
     ) -> Result<RedisTier<K, V>, BuildError> {
         check("lease", self.lease, false)?;
+        check("heartbeat", self.heartbeat, false)?;
+        if self.heartbeat < Duration::from_millis(1) {
+            return Err(BuildError::Invalid {
+                setting: "heartbeat",
+                reason: "must be at least 1 ms (Redis expiries are in milliseconds)",
+            });
+        }
         check("wait_bound", self.wait_bound, true)?;
         check("op_timeout", self.op_timeout, false)?;
         check("retry_after", self.retry_after, false)?;
@@ -554,9 +597,19 @@ impl RedisTierBuilder {
             std::any::type_name::<V>(),
             std::any::type_name_of_val(&codec),
         ));
+        let heartbeat = Arc::new(Heartbeat::new(
+            client.clone(),
+            self.heartbeat,
+            self.op_timeout,
+        ));
         Ok(RedisTier {
-            sync: SyncStore::new(client.clone(), self.op_timeout, tier_keys.clone()),
-            async_: AsyncStore::new(client.clone(), self.op_timeout, tier_keys),
+            sync: SyncStore::new(
+                client.clone(),
+                self.op_timeout,
+                tier_keys.clone(),
+                Arc::clone(&heartbeat),
+            ),
+            async_: AsyncStore::new(client.clone(), self.op_timeout, tier_keys, heartbeat),
             client,
             key_name: Box::new(key_name),
             codec: Box::new(codec),
@@ -570,6 +623,7 @@ impl RedisTierBuilder {
             )),
             prefix,
             lease: self.lease,
+            heartbeat: self.heartbeat,
             wait_bound: self.wait_bound,
             max_shared_ttl: self.max_shared_ttl,
             op_timeout: self.op_timeout,
@@ -884,6 +938,7 @@ impl<K, V: 'static> RedisTier<K, V> {
             },
             token: &names.token,
             lease: self.lease,
+            lock_ttl: heartbeat::lock_ttl(self.heartbeat),
             wait_bound: self.wait_bound,
             deadline: load.deadline,
             ttl: self.shared_ttl(load.ttl),

@@ -7,15 +7,16 @@
 //! 1. Read the shared tier: the value, its remaining TTL, and the key's current [`Stamp`]. A
 //!    value written under the current stamp (and for a refresh, newer than the one being
 //!    refreshed) is the answer.
-//! 2. Else try the soft lock (`SET NX PX lease` with a random token). The winner reads the
-//!    tier again (a holder may have written and released since step 1), then loads and
-//!    publishes the value only if the key's stamp is still the one it read (and claimed)
-//!    before loading (compare-and-set in the store), and releases the lock only if it still
-//!    holds it. A load that outlived its lease is not published: the stamp it read may have
-//!    been invalidated and expired since.
+//! 2. Else try the soft lock (`SET NX PX lock_ttl` with a random token). The winner keeps
+//!    it alive with a heartbeat while it loads (for at most its lease), reads the tier again
+//!    (a holder may have written and released since step 1), then loads and publishes the
+//!    value only if it still holds the lock and the key's stamp is still the one it read
+//!    (and claimed) before loading (compare-and-set in the store), and releases the lock
+//!    only if it still holds it. A load that outlived its lease is not published: the stamp
+//!    it read may have been invalidated and expired since.
 //! 3. A loser waits with backoff, re-reading the tier and retrying the lock (a holder that
-//!    crashed frees it after one lease), until its wait bound or its own deadline; then it
-//!    loads anyway, without publishing.
+//!    died stops its heartbeat, and its lock lapses within `lock_ttl`), until its wait bound
+//!    or its own deadline; then it loads anyway, without publishing.
 //!
 //! The store can only ever make a load cheaper: every store error ends coordination for this
 //! load (counted, and the store is then skipped for a while by the caller), and the load runs
@@ -91,19 +92,25 @@ pub(crate) trait Store: Sync {
         keys: Keys<'_>,
         claim: Option<Duration>,
     ) -> impl Future<Output = Result<Snapshot, StoreError>> + Send;
-    /// `SET lock token NX PX lease`: whether the lock is now ours.
+    /// `SET lock token NX PX ttl`: whether the lock is now ours.
     fn try_lock(
         &self,
         lock: &str,
         token: &str,
-        lease: Duration,
+        ttl: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    /// Keeps `lock` alive while it holds `token`, until `until` (a heartbeat renews it) or
+    /// `unhold`.
+    fn hold(&self, _lock: &str, _token: &str, _until: Instant) {}
+    /// Stops renewing `lock`.
+    fn unhold(&self, _lock: &str) {}
     /// Writes `payload` under the key's stamp with time to live `ttl`, atomically and only if
-    /// the stamp is still `expected` and set (keeping the generation at least
-    /// `generation_ttl`): whether it wrote.
+    /// the key's lock still holds `token` and its stamp is still `expected` and set (keeping
+    /// the generation at least `generation_ttl`): whether it wrote.
     fn publish(
         &self,
         keys: Keys<'_>,
+        token: &str,
         expected: Stamp,
         payload: Vec<u8>,
         ttl: Duration,
@@ -126,7 +133,11 @@ pub(crate) trait Store: Sync {
 pub(crate) struct Plan<'a> {
     pub(crate) keys: Keys<'a>,
     pub(crate) token: &'a str,
+    /// How long a load may hold the lock (renewed meanwhile) and still publish.
     pub(crate) lease: Duration,
+    /// The lock's time to live, renewed by the holder's heartbeat: what a holder that died
+    /// costs the others.
+    pub(crate) lock_ttl: Duration,
     pub(crate) wait_bound: Duration,
     /// The load's own deadline: waiting for another holder ends there too.
     pub(crate) deadline: Option<Instant>,
@@ -197,8 +208,12 @@ where
             Err(e) => return Outcome::Failed(load.await, e),
         }
         // 2. The soft lock.
-        match store.try_lock(plan.keys.lock, plan.token, plan.lease).await {
+        match store
+            .try_lock(plan.keys.lock, plan.token, plan.lock_ttl)
+            .await
+        {
             Ok(true) => {
+                store.hold(plan.keys.lock, plan.token, Instant::now() + plan.lease);
                 let held = LockGuard {
                     store,
                     plan: &plan,
@@ -307,20 +322,24 @@ impl<St: Store> LockGuard<'_, St> {
     /// Releases the lock: whether the store answered.
     async fn release(mut self) -> Result<bool, StoreError> {
         self.armed = false;
+        self.store.unhold(self.plan.keys.lock);
         self.store
             .release(self.plan.keys.lock, self.plan.token)
             .await
     }
 
-    /// The store failed: leave the lock to its lease rather than call it again.
+    /// The store failed: leave the lock to lapse (its heartbeat stops) rather than call it
+    /// again.
     fn disarm(mut self) {
         self.armed = false;
+        self.store.unhold(self.plan.keys.lock);
     }
 }
 
 impl<St: Store> Drop for LockGuard<'_, St> {
     fn drop(&mut self) {
         if self.armed {
+            self.store.unhold(self.plan.keys.lock);
             self.store
                 .release_detached(self.plan.keys.lock, self.plan.token);
         }
@@ -352,7 +371,14 @@ where
             // Not shareable (`None`: the hooks counted why): the others load for themselves.
             if let Some(bytes) = hooks.encode(v) {
                 match store
-                    .publish(plan.keys, stamp, bytes, plan.ttl, plan.generation_ttl)
+                    .publish(
+                        plan.keys,
+                        plan.token,
+                        stamp,
+                        bytes,
+                        plan.ttl,
+                        plan.generation_ttl,
+                    )
                     .await
                 {
                     Ok(written) => refused = !written,
@@ -513,7 +539,8 @@ pub(crate) mod tests {
         }
         async fn publish(
             &self,
-            _: Keys<'_>,
+            keys: Keys<'_>,
+            token: &str,
             expected: Stamp,
             payload: Vec<u8>,
             ttl: Duration,
@@ -521,7 +548,8 @@ pub(crate) mod tests {
         ) -> Result<bool, StoreError> {
             self.check("publish")?;
             let mut m = self.map.lock().unwrap();
-            if expected.generation == 0 || self.stamp(&m) != expected {
+            let holds = m.get(keys.lock).is_some_and(|(t, _)| t == token.as_bytes());
+            if !holds || expected.generation == 0 || self.stamp(&m) != expected {
                 return Ok(false);
             }
             let bytes = self.stamped(&mut m, &payload);
@@ -585,6 +613,7 @@ pub(crate) mod tests {
             keys: KEYS,
             token: "me",
             lease: Duration::from_secs(3600),
+            lock_ttl: Duration::from_secs(3600),
             wait_bound: Duration::from_secs(3600),
             deadline: None,
             ttl: Duration::from_secs(10),

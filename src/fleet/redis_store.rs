@@ -1,12 +1,13 @@
 //! The protocol's store on a real Redis: blocking connections for threads, a multiplexed
 //! async connection (tokio) for futures. Every operation is bounded by the tier's timeout.
 
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, Cmd, Connection, ConnectionLike, FromRedisValue};
 
+use super::heartbeat::Heartbeat;
 use super::protocol::{Keys, Snapshot, Stamp, Store, StoreError};
 
 /// The tier-wide keys: the epoch `invalidate_all` moves, and the sequence every generation
@@ -78,11 +79,13 @@ local t = redis.call('PTTL', KEYS[1])
 return {v, t, num(KEYS[2]) or false, num(KEYS[3]) or false}
 ";
 
-/// KEYS: value, generation, epoch. ARGV: expected generation and epoch, payload, TTL (ms),
-/// generation TTL (ms). Writes `epoch:generation:payload` only if the stamp is still the
-/// expected one (never "not set": the holder claimed a stamp before loading), and keeps the
-/// generation at least as long as the value.
+/// KEYS: value, generation, epoch, lock. ARGV: expected generation and epoch, payload, TTL
+/// (ms), generation TTL (ms), the lock's token. Writes `epoch:generation:payload` only if the
+/// writer still holds the lock (a holder frozen past its heartbeat may have been replaced)
+/// and the stamp is still the expected one (never "not set": the holder claimed a stamp
+/// before loading), and keeps the generation at least as long as the value.
 const PUBLISH: &str = "
+if redis.call('GET', KEYS[4]) ~= ARGV[6] then return 0 end
 local g = current(KEYS[2])
 local e = current(KEYS[3])
 if g == '0' or e == '0' or g ~= ARGV[1] or e ~= ARGV[2] then return 0 end
@@ -177,21 +180,24 @@ fn millis(d: Duration) -> u64 {
 fn publish_cmd(
     keys: Keys<'_>,
     tier: &TierKeys,
+    token: &str,
     expected: Stamp,
     payload: Vec<u8>,
     ttl: Duration,
     generation_ttl: Duration,
 ) -> Cmd {
     let mut c = script(PUBLISH);
-    c.arg(3)
+    c.arg(4)
         .arg(keys.value)
         .arg(keys.generation)
         .arg(&tier.epoch)
+        .arg(keys.lock)
         .arg(expected.generation.to_string())
         .arg(expected.epoch.to_string())
         .arg(payload)
         .arg(millis(ttl))
-        .arg(millis(generation_ttl));
+        .arg(millis(generation_ttl))
+        .arg(token);
     c
 }
 
@@ -228,13 +234,9 @@ fn invalidate_all_cmd(tier: &TierKeys, channel: &str, message: &str) -> Cmd {
     c
 }
 
-fn lock_cmd(lock: &str, token: &str, lease: Duration) -> Cmd {
+fn lock_cmd(lock: &str, token: &str, ttl: Duration) -> Cmd {
     let mut c = redis::cmd("SET");
-    c.arg(lock)
-        .arg(token)
-        .arg("NX")
-        .arg("PX")
-        .arg(millis(lease));
+    c.arg(lock).arg(token).arg("NX").arg("PX").arg(millis(ttl));
     c
 }
 
@@ -250,15 +252,22 @@ pub(crate) struct SyncStore {
     timeout: Duration,
     tier: TierKeys,
     idle: Mutex<Vec<Connection>>,
+    heartbeat: Arc<Heartbeat>,
 }
 
 impl SyncStore {
-    pub(crate) fn new(client: Client, timeout: Duration, tier: TierKeys) -> Self {
+    pub(crate) fn new(
+        client: Client,
+        timeout: Duration,
+        tier: TierKeys,
+        heartbeat: Arc<Heartbeat>,
+    ) -> Self {
         SyncStore {
             client,
             timeout,
             tier,
             idle: Mutex::new(Vec::new()),
+            heartbeat,
         }
     }
 
@@ -329,20 +338,37 @@ impl Store for SyncStore {
             .map(snapshot)
     }
 
-    async fn try_lock(&self, lock: &str, token: &str, lease: Duration) -> Result<bool, StoreError> {
-        self.query::<Option<String>>(&lock_cmd(lock, token, lease))
+    async fn try_lock(&self, lock: &str, token: &str, ttl: Duration) -> Result<bool, StoreError> {
+        self.query::<Option<String>>(&lock_cmd(lock, token, ttl))
             .map(|r| r.is_some())
+    }
+
+    fn hold(&self, lock: &str, token: &str, until: Instant) {
+        self.heartbeat.hold(lock, token, until)
+    }
+
+    fn unhold(&self, lock: &str) {
+        self.heartbeat.unhold(lock)
     }
 
     async fn publish(
         &self,
         keys: Keys<'_>,
+        token: &str,
         expected: Stamp,
         payload: Vec<u8>,
         ttl: Duration,
         generation_ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let cmd = publish_cmd(keys, &self.tier, expected, payload, ttl, generation_ttl);
+        let cmd = publish_cmd(
+            keys,
+            &self.tier,
+            token,
+            expected,
+            payload,
+            ttl,
+            generation_ttl,
+        );
         self.query::<i64>(&cmd).map(|n| n == 1)
     }
 
@@ -373,15 +399,22 @@ pub(crate) struct AsyncStore {
     timeout: Duration,
     tier: TierKeys,
     conn: Mutex<Option<MultiplexedConnection>>,
+    heartbeat: Arc<Heartbeat>,
 }
 
 impl AsyncStore {
-    pub(crate) fn new(client: Client, timeout: Duration, tier: TierKeys) -> Self {
+    pub(crate) fn new(
+        client: Client,
+        timeout: Duration,
+        tier: TierKeys,
+        heartbeat: Arc<Heartbeat>,
+    ) -> Self {
         AsyncStore {
             client,
             timeout,
             tier,
             conn: Mutex::new(None),
+            heartbeat,
         }
     }
 
@@ -456,21 +489,38 @@ impl Store for AsyncStore {
             .map(snapshot)
     }
 
-    async fn try_lock(&self, lock: &str, token: &str, lease: Duration) -> Result<bool, StoreError> {
-        self.query::<Option<String>>(lock_cmd(lock, token, lease))
+    async fn try_lock(&self, lock: &str, token: &str, ttl: Duration) -> Result<bool, StoreError> {
+        self.query::<Option<String>>(lock_cmd(lock, token, ttl))
             .await
             .map(|r| r.is_some())
+    }
+
+    fn hold(&self, lock: &str, token: &str, until: Instant) {
+        self.heartbeat.hold(lock, token, until)
+    }
+
+    fn unhold(&self, lock: &str) {
+        self.heartbeat.unhold(lock)
     }
 
     async fn publish(
         &self,
         keys: Keys<'_>,
+        token: &str,
         expected: Stamp,
         payload: Vec<u8>,
         ttl: Duration,
         generation_ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let cmd = publish_cmd(keys, &self.tier, expected, payload, ttl, generation_ttl);
+        let cmd = publish_cmd(
+            keys,
+            &self.tier,
+            token,
+            expected,
+            payload,
+            ttl,
+            generation_ttl,
+        );
         self.query::<i64>(cmd).await.map(|n| n == 1)
     }
 
@@ -488,7 +538,7 @@ impl Store for AsyncStore {
         };
         let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let Some(mut conn) = conn else {
-            return; // no connection: the lease ends the lock
+            return; // no connection: the lock lapses, unrenewed, within two heartbeats
         };
         let (cmd, timeout) = (release_cmd(lock, token), self.timeout);
         runtime.spawn(async move {

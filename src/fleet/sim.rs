@@ -40,19 +40,20 @@ impl Store for Yielding {
         YieldOnce(false).await;
         snapshot
     }
-    async fn try_lock(&self, lock: &str, token: &str, lease: Duration) -> Result<bool, StoreError> {
-        self.0.try_lock(lock, token, lease).await
+    async fn try_lock(&self, lock: &str, token: &str, ttl: Duration) -> Result<bool, StoreError> {
+        self.0.try_lock(lock, token, ttl).await
     }
     async fn publish(
         &self,
         keys: Keys<'_>,
+        token: &str,
         expected: Stamp,
         payload: Vec<u8>,
         ttl: Duration,
         generation_ttl: Duration,
     ) -> Result<bool, StoreError> {
         self.0
-            .publish(keys, expected, payload, ttl, generation_ttl)
+            .publish(keys, token, expected, payload, ttl, generation_ttl)
             .await
     }
     async fn release(&self, lock: &str, token: &str) -> Result<bool, StoreError> {
@@ -188,6 +189,7 @@ impl Sim {
             keys: KEYS,
             token: TOKENS[i],
             lease: Duration::from_secs(3600),
+            lock_ttl: Duration::from_secs(3600),
             wait_bound: Duration::from_secs(3600),
             deadline: None,
             ttl: Duration::from_secs(10),
