@@ -408,3 +408,90 @@ fn a_live_holder_keeps_its_lock_through_a_long_load() {
     });
     assert_eq!(b.stats().shared_hits, 1);
 }
+
+/// Scripts travel by their hash (`EVALSHA`), not as source with every call, and a server
+/// that lost them (`SCRIPT FLUSH`, a restart) is given them again at once: nothing fails.
+/// (Every call sent the whole Lua source: 1.2 KB per instance per key-expiry.)
+#[test]
+fn scripts_travel_by_hash_and_survive_a_script_flush() {
+    let Some(redis) = RedisServer::start("scripts_travel_by_hash") else {
+        return;
+    };
+    let (a, b) = (
+        instance(&redis.url(), "sha:"),
+        instance(&redis.url(), "sha:"),
+    );
+    linked(&[&a, &b]);
+    let mut raw = redis.client();
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut raw)
+        .unwrap();
+    let k = "k".to_owned();
+    assert_eq!(a.get_or_load(&k, load("one")).as_deref(), Ok("one"));
+    let () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut raw).unwrap();
+    assert_eq!(a.try_insert(k.clone(), "two".into()), Ok(()));
+    wait_until("B drops its copy", || b.get(&k).is_none());
+    assert_eq!(b.get_or_load(&k, load("unused")).as_deref(), Ok("two"));
+    assert_eq!((a.stats().shared_errors, b.stats().shared_errors), (0, 0));
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut raw)
+        .unwrap();
+    assert!(
+        !info.contains("cmdstat_eval:"),
+        "no script sent as source: {info}"
+    );
+    assert!(info.contains("cmdstat_evalsha:"), "{info}");
+}
+
+/// An idle instance keeps its link alive with about one command a second, not one every
+/// quarter of the coherence bound. (It pinged 40 times a second: 20,000 commands a second
+/// from 500 idle pods.)
+#[test]
+fn an_idle_instance_sends_about_one_command_a_second() {
+    let Some(redis) = RedisServer::start("an_idle_instance_sends_about_one_command") else {
+        return;
+    };
+    // The default bound (100 ms) and keep-alive.
+    let idle: Cache<String, String> = Cache::builder()
+        .max_capacity(100)
+        .shared_tier(
+            RedisTier::builder(redis.url())
+                .key_prefix("idle:")
+                .build(|k: &String| k.clone(), Utf8)
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    linked(&[&idle]);
+    let mut raw = redis.client();
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut raw)
+        .unwrap();
+    let window = Duration::from_secs(3);
+    std::thread::sleep(window);
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut raw)
+        .unwrap();
+    let calls = |cmd: &str| -> u64 {
+        info.lines()
+            .find_map(|l| {
+                l.strip_prefix(&format!("cmdstat_{cmd}:calls="))?
+                    .split(',')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0)
+    };
+    // Our own CONFIG and INFO aside; a loaded machine only ever pings less.
+    let sent = calls("ping");
+    assert!(
+        sent <= 2 * window.as_secs(),
+        "{sent} pings in {window:?} from an idle instance: {info}"
+    );
+    assert!(idle.shared_status().is_some_and(|s| s.subscribed));
+}

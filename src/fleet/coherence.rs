@@ -8,8 +8,10 @@
 //!   before reading the tier, installs, then looks again; if a write of a key in that slot
 //!   was heard meanwhile it drops what it installed (the handler, for its part, bumps the slot
 //!   before it drops, so one of the two always sees the other);
-//! - a link that dies silently: the subscriber pings when the channel is quiet for a quarter
-//!   of the bound, and a link that does not answer within another half is lost;
+//! - a link that dies: one that closes (a restart, a failover, a kill, a proxy's reset) is
+//!   lost at once, as the subscriber's read fails; one that dies without a word (a partition,
+//!   a stalled server) is found by a ping when the channel has been quiet for the keep-alive
+//!   interval, lost if the ping is not answered within half the bound;
 //! - writes missed while the link was down: when it is lost every local copy is dropped, and
 //!   until it is back a copy is kept at most the bound.
 
@@ -225,6 +227,7 @@ pub(crate) fn subscribe(
     coherence: Arc<Coherence>,
     op_timeout: Duration,
     retry_after: Duration,
+    keepalive: Duration,
     on_heard: OnHeard,
 ) {
     let spawned = std::thread::Builder::new()
@@ -235,6 +238,7 @@ pub(crate) fn subscribe(
                 channel,
                 coherence,
                 op_timeout,
+                keepalive,
                 on_heard,
             };
             // However the thread ends (the cache gone, or a panic), the link is down after:
@@ -275,6 +279,8 @@ struct Link {
     channel: String,
     coherence: Arc<Coherence>,
     op_timeout: Duration,
+    /// How long the channel may be quiet before the subscriber pings.
+    keepalive: Duration,
     on_heard: OnHeard,
 }
 
@@ -307,7 +313,8 @@ impl Link {
         if pubsub.subscribe(&self.channel).is_err() {
             return Listened::NeverUp;
         }
-        let quiet = (self.coherence.bound / 4).max(Duration::from_millis(1));
+        let quiet = self.keepalive.max(Duration::from_millis(1));
+        let answer = (self.coherence.bound / 2).max(Duration::from_millis(1));
         if pubsub.set_read_timeout(Some(quiet)).is_err() {
             return Listened::NeverUp;
         }
@@ -324,11 +331,11 @@ impl Link {
                         }
                     }
                 }
-                // Quiet for a quarter of the bound: the ping must come back within half of
-                // it, so a link that died just after its last word is found lost within three
-                // quarters of the bound, and its copies are dropped within the bound.
+                // Quiet for the keep-alive interval: the ping must come back within half of
+                // the bound, so a link that died without a word just after its last one is
+                // found lost within the interval and half the bound.
                 Err(e) if e.is_timeout() => {
-                    let answered = pubsub.set_read_timeout(Some(2 * quiet)).is_ok()
+                    let answered = pubsub.set_read_timeout(Some(answer)).is_ok()
                         && pubsub.ping::<redis::Value>().is_ok()
                         && pubsub.set_read_timeout(Some(quiet)).is_ok();
                     if !answered {

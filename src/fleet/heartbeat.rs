@@ -45,10 +45,19 @@ struct Shared {
     script: Script,
 }
 
+struct Held {
+    token: String,
+    /// The end of its holder's lease: no renewal past it.
+    until: Instant,
+    /// When it is next renewed: one heartbeat after it was set or last renewed, so a load
+    /// shorter than a heartbeat costs no renewal at all.
+    due: Instant,
+}
+
 #[derive(Default)]
 struct State {
-    /// Lock key → its token and the end of its holder's lease.
-    held: HashMap<String, (String, Instant)>,
+    /// Lock key → what renewing it takes.
+    held: HashMap<String, Held>,
     running: bool,
     stopped: bool,
 }
@@ -71,15 +80,15 @@ impl Heartbeat {
     /// Renews `lock` while it holds `token`, until `until` or [`unhold`](Self::unhold).
     pub(crate) fn hold(&self, lock: &str, token: &str, until: Instant) {
         let mut state = self.shared.lock();
-        let was_idle = state.held.is_empty();
-        state
-            .held
-            .insert(lock.to_owned(), (token.to_owned(), until));
+        let held = Held {
+            token: token.to_owned(),
+            until,
+            due: Instant::now() + self.shared.interval,
+        };
+        state.held.insert(lock.to_owned(), held);
         if state.running {
-            if was_idle {
-                // The thread waits for work, not for the next beat.
-                self.shared.wake.notify_all();
-            }
+            // The thread may be waiting for work rather than for its next beat.
+            self.shared.wake.notify_all();
         } else {
             let shared = Arc::clone(&self.shared);
             let spawned = std::thread::Builder::new()
@@ -119,26 +128,30 @@ impl Shared {
                 break;
             }
             let now = Instant::now();
-            state.held.retain(|_, (_, until)| *until > now);
-            if state.held.is_empty() {
+            state.held.retain(|_, h| h.until > now);
+            let Some(next) = state.held.values().map(|h| h.due).min() else {
                 if idle_since.elapsed() >= IDLE {
                     break;
                 }
                 state = self.wait(state, IDLE);
                 continue;
-            }
+            };
             idle_since = now;
-            let locks: Vec<(String, String)> = state
-                .held
-                .iter()
-                .map(|(lock, (token, _))| (lock.clone(), token.clone()))
-                .collect();
+            if next > now {
+                state = self.wait(state, next - now);
+                continue;
+            }
+            let mut locks = Vec::new();
+            for (lock, h) in state.held.iter_mut().filter(|(_, h)| h.due <= now) {
+                h.due = now + self.interval;
+                locks.push((lock.clone(), h.token.clone()));
+            }
             drop(state);
             if self.renew(&mut conn, &locks).is_err() {
                 // Redis unreachable: the locks lapse, and their publishes are refused.
                 conn = None;
             }
-            state = self.wait(self.lock(), self.interval);
+            state = self.lock();
         }
         state.running = false;
     }

@@ -67,7 +67,11 @@ use redis_store::{AsyncStore, SyncStore, TierKeys};
 /// **While Redis is up, no instance returns a value older than an `invalidate`, `insert` or
 /// `invalidate_all` made on any instance by more than the
 /// [`coherence_bound`](RedisTierBuilder::coherence_bound) (100 ms by default), and a load
-/// that raced such a write never puts its value in Redis or in any local cache.**
+/// that raced such a write never puts its value in Redis or in any local cache.** One fault
+/// stretches the bound: a link to Redis that dies without a word (a partition that drops
+/// packets) is found within the [`keepalive`](RedisTierBuilder::keepalive) interval (1 s by
+/// default) and half the bound; set the interval to a quarter of the bound to hold it there
+/// too.
 ///
 /// - Writes go through the tier. `invalidate(k)` moves the key's *generation* (drawn from a
 ///   counter in Redis, in the same Lua script that announces it on the channel
@@ -84,10 +88,11 @@ use redis_store::{AsyncStore, SyncStore, TierKeys};
 /// - Every instance runs one subscriber thread on the channel and drops its local copy of a
 ///   key another instance wrote, within the network's delay; a load of that key running on
 ///   the instance at that moment drops what it installs.
-/// - The link is watched: when the channel is quiet for a quarter of the bound, the
-///   subscriber pings, and a link that does not answer within another half of the bound is
-///   lost. The instance then cannot know what it missed: it drops every local copy at once and, until
-///   it is subscribed again, keeps what it loads at most the bound.
+/// - The link is watched: a link that closes (a restart, a failover, a kill) is lost at once;
+///   when the channel has been quiet for the keep-alive interval the subscriber pings, and a
+///   link that does not answer within half the bound is lost. The instance then cannot know
+///   what it missed: it drops every local copy at once and, until it is subscribed again,
+///   keeps what it loads at most the bound.
 /// - No shared value lives forever: each is written with the cache's TTL, at most
 ///   [`max_shared_ttl`](RedisTierBuilder::max_shared_ttl) (one hour by default), which is
 ///   also the shared copy's lifetime for a cache without a TTL.
@@ -175,6 +180,8 @@ pub struct RedisTier<K, V> {
     lease: Duration,
     /// How often a held lock is renewed; it is set to live twice that.
     heartbeat: Duration,
+    /// How long the channel may be quiet before the subscriber pings.
+    keepalive: Duration,
     wait_bound: Duration,
     max_shared_ttl: Duration,
     op_timeout: Duration,
@@ -196,6 +203,7 @@ impl<K, V> fmt::Debug for RedisTier<K, V> {
             .field("prefix", &self.prefix)
             .field("lease", &self.lease)
             .field("heartbeat", &self.heartbeat)
+            .field("keepalive", &self.keepalive)
             .field("wait_bound", &self.wait_bound)
             .field("max_shared_ttl", &self.max_shared_ttl)
             .field("coherence_bound", &self.coherence.bound)
@@ -226,6 +234,7 @@ pub struct RedisTierBuilder {
     prefix: Option<String>,
     lease: Duration,
     heartbeat: Duration,
+    keepalive: Duration,
     wait_bound: Duration,
     op_timeout: Duration,
     retry_after: Duration,
@@ -257,6 +266,7 @@ impl RedisTier<(), ()> {
             prefix: None,
             lease: Duration::from_secs(5),
             heartbeat: Duration::from_millis(250),
+            keepalive: Duration::from_secs(1),
             wait_bound: Duration::from_secs(1),
             op_timeout: Duration::from_millis(100),
             retry_after: Duration::from_secs(1),
@@ -272,7 +282,7 @@ impl RedisTier<(), ()> {
 /// Longest lease, wait bound, timeout or interval accepted: one day.
 const MAX_SETTING: Duration = Duration::from_secs(86_400);
 
-/// Shortest coherence bound: the link is checked every quarter of it.
+/// Shortest coherence bound: a ping must be answered within half of it.
 const MIN_COHERENCE_BOUND: Duration = Duration::from_millis(10);
 
 fn check(setting: &'static str, d: Duration, zero_ok: bool) -> Result<(), BuildError> {
@@ -360,6 +370,30 @@ impl RedisTierBuilder {
     /// ```
     pub fn heartbeat(mut self, interval: Duration) -> Self {
         self.heartbeat = interval;
+        self
+    }
+
+    /// How long the fleet's channel may be quiet before the instance pings Redis on it
+    /// (default 1 s; at most one day): an idle instance sends about one command per
+    /// interval. A link that closes (a restart, a failover, a kill, a proxy's reset) is found
+    /// lost at once, whatever the interval; one that dies without a word (a network
+    /// partition that drops packets, a stalled server) is found when a ping goes unanswered
+    /// for half the [`coherence_bound`](Self::coherence_bound): within this interval and half
+    /// the bound. To hold the bound through silent failures too, set this to a quarter of it
+    /// (25 ms for the default bound: 40 pings a second per idle instance).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use herdcache::fleet::{RedisTier, Utf8};
+    /// // The 100 ms bound through partitions as well: ping whenever quiet for 25 ms.
+    /// let tier = RedisTier::builder("redis://127.0.0.1/").key_prefix("users:")
+    ///     .keepalive(Duration::from_millis(25))
+    ///     .build(|id: &u64| id.to_string(), Utf8)?;
+    /// # let _: RedisTier<u64, String> = tier;
+    /// # Ok::<(), herdcache::BuildError>(())
+    /// ```
+    pub fn keepalive(mut self, interval: Duration) -> Self {
+        self.keepalive = interval;
         self
     }
 
@@ -452,8 +486,9 @@ impl RedisTierBuilder {
     }
 
     /// The most a read may lag behind a write made on another instance (default 100 ms; 10
-    /// ms to one day): the link to the channel is checked every quarter of it, and while it
-    /// is down a local copy lives at most this long. See [Coherence](RedisTier#coherence).
+    /// ms to one day): a ping on the channel must be answered within half of it, and while
+    /// the link is down a local copy lives at most this long. See
+    /// [Coherence](RedisTier#coherence) and [`keepalive`](Self::keepalive).
     ///
     /// ```
     /// # use std::time::Duration;
@@ -542,6 +577,7 @@ impl RedisTierBuilder {
     ) -> Result<RedisTier<K, V>, BuildError> {
         check("lease", self.lease, false)?;
         check("heartbeat", self.heartbeat, false)?;
+        check("keepalive", self.keepalive, false)?;
         if self.heartbeat < Duration::from_millis(1) {
             return Err(BuildError::Invalid {
                 setting: "heartbeat",
@@ -624,6 +660,7 @@ impl RedisTierBuilder {
             prefix,
             lease: self.lease,
             heartbeat: self.heartbeat,
+            keepalive: self.keepalive,
             wait_bound: self.wait_bound,
             max_shared_ttl: self.max_shared_ttl,
             op_timeout: self.op_timeout,

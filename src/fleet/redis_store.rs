@@ -1,11 +1,14 @@
 //! The protocol's store on a real Redis: blocking connections for threads, a multiplexed
 //! async connection (tokio) for futures. Every operation is bounded by the tier's timeout.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, Cmd, Connection, ConnectionLike, FromRedisValue};
+use redis::{
+    AsyncConnectionConfig, Client, Cmd, Connection, ConnectionLike, FromRedisValue, RedisResult,
+    Script, ScriptInvocation,
+};
 
 use super::heartbeat::Heartbeat;
 use super::protocol::{Keys, Snapshot, Stamp, Store, StoreError};
@@ -135,24 +138,53 @@ fn timed_out(e: tokio::time::error::Elapsed) -> StoreError {
     StoreError::new(e.to_string(), true)
 }
 
-fn script(body: &str) -> Cmd {
-    let mut c = redis::cmd("EVAL");
-    c.arg(format!("{FRESH}{body}"));
-    c
+/// One Redis operation: a plain command, or a script sent by its SHA1 (`EVALSHA`, the
+/// script loaded once per server on `NOSCRIPT`, so a restarted or flushed server gets it
+/// again). Sending each script's source with every call cost 1.2 KB per instance per
+/// key-expiry.
+enum Op {
+    Cmd(Cmd),
+    Script(ScriptInvocation<'static>),
 }
 
-fn read_cmd(keys: Keys<'_>, tier: &TierKeys, claim: Option<Duration>) -> Cmd {
-    let mut c = script(READ);
-    c.arg(4)
-        .arg(keys.value)
-        .arg(keys.generation)
-        .arg(&tier.epoch)
-        .arg(&tier.sequence)
+impl Op {
+    fn run<T: FromRedisValue>(&self, c: &mut Connection) -> RedisResult<T> {
+        match self {
+            Op::Cmd(cmd) => cmd.query(c),
+            Op::Script(s) => s.invoke(c),
+        }
+    }
+
+    async fn run_async<T: FromRedisValue>(&self, c: &mut MultiplexedConnection) -> RedisResult<T> {
+        match self {
+            Op::Cmd(cmd) => cmd.query_async(c).await,
+            Op::Script(s) => s.invoke_async(c).await,
+        }
+    }
+}
+
+/// A script with the shared helpers (`FRESH`) in front of `body`.
+fn with_helpers(body: &str) -> Script {
+    Script::new(&format!("{FRESH}{body}"))
+}
+
+static READ_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_helpers(READ));
+static PUBLISH_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_helpers(PUBLISH));
+static WRITE_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_helpers(WRITE));
+static INVALIDATE_ALL_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_helpers(INVALIDATE_ALL));
+static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
+
+fn read_cmd(keys: Keys<'_>, tier: &TierKeys, claim: Option<Duration>) -> Op {
+    let mut c = READ_SCRIPT.prepare_invoke();
+    c.key(keys.value)
+        .key(keys.generation)
+        .key(&tier.epoch)
+        .key(&tier.sequence)
         .arg(tier.max_value_size);
     if let Some(ttl) = claim {
         c.arg(millis(ttl));
     }
-    c
+    Op::Script(c)
 }
 
 /// `READ`'s reply: the value, `PTTL` (milliseconds left, negative for no expiry or no key),
@@ -185,20 +217,19 @@ fn publish_cmd(
     payload: Vec<u8>,
     ttl: Duration,
     generation_ttl: Duration,
-) -> Cmd {
-    let mut c = script(PUBLISH);
-    c.arg(4)
-        .arg(keys.value)
-        .arg(keys.generation)
-        .arg(&tier.epoch)
-        .arg(keys.lock)
+) -> Op {
+    let mut c = PUBLISH_SCRIPT.prepare_invoke();
+    c.key(keys.value)
+        .key(keys.generation)
+        .key(&tier.epoch)
+        .key(keys.lock)
         .arg(expected.generation.to_string())
         .arg(expected.epoch.to_string())
         .arg(payload)
         .arg(millis(ttl))
         .arg(millis(generation_ttl))
         .arg(token);
-    c
+    Op::Script(c)
 }
 
 /// A write through the tier: an invalidation (no value), or an insert.
@@ -210,14 +241,11 @@ pub(crate) struct Write<'a> {
     pub(crate) message: &'a str,
 }
 
-fn write_cmd(w: Write<'_>, tier: &TierKeys) -> Cmd {
-    let mut c = script(WRITE);
-    c.arg(if w.value.is_some() { 4 } else { 3 })
-        .arg(w.generation_key)
-        .arg(&tier.sequence)
-        .arg(&tier.epoch);
+fn write_cmd(w: Write<'_>, tier: &TierKeys) -> Op {
+    let mut c = WRITE_SCRIPT.prepare_invoke();
+    c.key(w.generation_key).key(&tier.sequence).key(&tier.epoch);
     if let Some((key, _, _)) = &w.value {
-        c.arg(*key);
+        c.key(*key);
     }
     c.arg(millis(w.generation_ttl))
         .arg(w.channel)
@@ -225,25 +253,25 @@ fn write_cmd(w: Write<'_>, tier: &TierKeys) -> Cmd {
     if let Some((_, payload, ttl)) = w.value {
         c.arg(payload).arg(millis(ttl));
     }
-    c
+    Op::Script(c)
 }
 
-fn invalidate_all_cmd(tier: &TierKeys, channel: &str, message: &str) -> Cmd {
-    let mut c = script(INVALIDATE_ALL);
-    c.arg(1).arg(&tier.epoch).arg(channel).arg(message);
-    c
+fn invalidate_all_cmd(tier: &TierKeys, channel: &str, message: &str) -> Op {
+    let mut c = INVALIDATE_ALL_SCRIPT.prepare_invoke();
+    c.key(&tier.epoch).arg(channel).arg(message);
+    Op::Script(c)
 }
 
-fn lock_cmd(lock: &str, token: &str, ttl: Duration) -> Cmd {
+fn lock_cmd(lock: &str, token: &str, ttl: Duration) -> Op {
     let mut c = redis::cmd("SET");
     c.arg(lock).arg(token).arg("NX").arg("PX").arg(millis(ttl));
-    c
+    Op::Cmd(c)
 }
 
-fn release_cmd(lock: &str, token: &str) -> Cmd {
-    let mut c = redis::cmd("EVAL");
-    c.arg(RELEASE).arg(1).arg(lock).arg(token);
-    c
+fn release_cmd(lock: &str, token: &str) -> Op {
+    let mut c = RELEASE_SCRIPT.prepare_invoke();
+    c.key(lock).arg(token);
+    Op::Script(c)
 }
 
 /// Blocking connections, pooled.
@@ -316,8 +344,8 @@ impl SyncStore {
         Ok(r)
     }
 
-    fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, StoreError> {
-        self.with(|c| cmd.query(c))
+    fn query<T: FromRedisValue>(&self, op: &Op) -> Result<T, StoreError> {
+        self.with(|c| op.run(c))
     }
 
     /// An invalidation or an insert, with its broadcast.
@@ -441,7 +469,7 @@ impl AsyncStore {
     /// Runs one command; a failure drops the cached connection. A cached connection found
     /// dead (closed by the server while it idled) is replaced and the command runs again,
     /// once, on the new one (see `SyncStore::with`).
-    async fn query<T: FromRedisValue + Send>(&self, cmd: Cmd) -> Result<T, StoreError> {
+    async fn query<T: FromRedisValue + Send>(&self, cmd: Op) -> Result<T, StoreError> {
         let cached = self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
         if let Some(c) = cached {
             match self.query_on(c, &cmd).await {
@@ -467,9 +495,9 @@ impl AsyncStore {
     async fn query_on<T: FromRedisValue + Send>(
         &self,
         mut c: MultiplexedConnection,
-        cmd: &Cmd,
+        cmd: &Op,
     ) -> Result<T, Failure> {
-        match tokio::time::timeout(self.timeout, cmd.query_async::<T>(&mut c)).await {
+        match tokio::time::timeout(self.timeout, cmd.run_async::<T>(&mut c)).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) if e.is_connection_dropped() => Err(Failure::Dropped(err(e))),
             Ok(Err(e)) => Err(Failure::Other(err(e))),
@@ -542,7 +570,7 @@ impl Store for AsyncStore {
         };
         let (cmd, timeout) = (release_cmd(lock, token), self.timeout);
         runtime.spawn(async move {
-            let _ = tokio::time::timeout(timeout, cmd.query_async::<i64>(&mut conn)).await;
+            let _ = tokio::time::timeout(timeout, cmd.run_async::<i64>(&mut conn)).await;
         });
     }
 

@@ -142,6 +142,7 @@ impl<K, V: 'static> RedisTier<K, V> {
             Arc::clone(&self.coherence),
             self.op_timeout,
             self.retry_after,
+            self.keepalive,
             heard,
         );
     }
