@@ -1,6 +1,7 @@
 //! The fleet stampede benchmark: K instance processes (this binary re-executed) read one hot
 //! key that expires again and again, with local single flight only or coordinated through
-//! Redis; source loads per expiry across the fleet and read latency percentiles.
+//! Redis; source loads per expiry across the fleet, read latency percentiles, and the Redis
+//! commands and bytes each expiry cost.
 //!
 //! It starts its own `redis-server` (loopback, a free port, a temporary directory, no
 //! persistence) and needs one installed.
@@ -71,6 +72,15 @@ pub struct FleetReport {
     pub p99_ns: u64,
     /// Slowest read.
     pub max_ns: u64,
+    /// Redis commands per expiry sent by all instances together (0 without Redis), keep-alives
+    /// and subscriptions included: the calls of the commands a client sends (`EVALSHA`,
+    /// `EVAL`, `SET`, `PING`, `SUBSCRIBE`, `SCRIPT LOAD`) in `INFO commandstats`, so not the
+    /// commands a script runs inside Redis (a few of which are `SET`s too).
+    pub commands_per_expiry: f64,
+    /// Bytes into Redis per expiry (`total_net_input_bytes`).
+    pub bytes_in_per_expiry: f64,
+    /// Bytes out of Redis per expiry (`total_net_output_bytes`: replies and messages).
+    pub bytes_out_per_expiry: f64,
 }
 
 /// A private `redis-server`, killed on drop.
@@ -215,6 +225,9 @@ pub fn run(s: &FleetSettings, url: Option<&str>) -> Result<FleetReport, String> 
     let source = dir.join("source");
     let _ = std::fs::remove_file(&source);
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    if let Some(url) = url {
+        traffic(url, true)?;
+    }
     let children: Vec<(Child, PathBuf)> = (0..s.instances)
         .map(|id| {
             let lat = dir.join(format!("latencies-{id}"));
@@ -253,8 +266,13 @@ pub fn run(s: &FleetSettings, url: Option<&str>) -> Result<FleetReport, String> 
                 .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
         );
     }
+    let used = match url {
+        Some(url) => traffic(url, false)?,
+        None => Traffic::default(),
+    };
     let groups = loads_per_expiry(&source, s.ttl.as_millis() as u64 / 2);
     let _ = std::fs::remove_dir_all(&dir);
+    let per_expiry = |n: u64| n as f64 / groups.len().max(1) as f64;
     lat.sort_unstable();
     let pct = |p: f64| {
         lat.get(((lat.len().max(1) - 1) as f64 * p) as usize)
@@ -273,7 +291,82 @@ pub fn run(s: &FleetSettings, url: Option<&str>) -> Result<FleetReport, String> 
         p50_ns: pct(0.5),
         p99_ns: pct(0.99),
         max_ns: lat.last().copied().unwrap_or(0) as u64,
+        commands_per_expiry: per_expiry(used.commands),
+        bytes_in_per_expiry: per_expiry(used.bytes_in),
+        bytes_out_per_expiry: per_expiry(used.bytes_out),
     })
+}
+
+/// What a Redis server has done since its counters were last reset.
+#[derive(Debug, Default, Clone, Copy)]
+struct Traffic {
+    commands: u64,
+    bytes_in: u64,
+    bytes_out: u64,
+}
+
+/// Reads the server's traffic counters (`INFO stats`) and, with `reset`, zeroes them
+/// (`CONFIG RESETSTAT`) after.
+fn traffic(url: &str, reset: bool) -> Result<Traffic, String> {
+    let addr = url
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .to_owned();
+    let mut conn = TcpStream::connect(&addr).map_err(|e| format!("{addr}: {e}"))?;
+    conn.set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    conn.write_all(b"INFO stats\r\nINFO commandstats\r\n")
+        .map_err(|e| e.to_string())?;
+    let mut reader = BufReader::new(conn.try_clone().map_err(|e| e.to_string())?);
+    let mut bulk = || -> Result<String, String> {
+        let mut header = String::new();
+        reader.read_line(&mut header).map_err(|e| e.to_string())?;
+        let len: usize = header
+            .trim()
+            .strip_prefix('$')
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| format!("INFO replied {header:?}"))?;
+        let mut body = vec![0; len + 2];
+        reader.read_exact(&mut body).map_err(|e| e.to_string())?;
+        Ok(String::from_utf8_lossy(&body).into_owned())
+    };
+    let (stats, commands) = (bulk()?, bulk()?);
+    let field = |name: &str| -> u64 {
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let calls = |name: &str| -> u64 {
+        commands
+            .lines()
+            .find_map(|l| {
+                let rest = l.strip_prefix("cmdstat_")?.strip_prefix(name)?;
+                rest.strip_prefix(":calls=")?
+                    .split(',')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0)
+    };
+    let t = Traffic {
+        commands: ["evalsha", "eval", "set", "ping", "subscribe", "script|load"]
+            .iter()
+            .map(|c| calls(c))
+            .sum(),
+        bytes_in: field("total_net_input_bytes"),
+        bytes_out: field("total_net_output_bytes"),
+    };
+    if reset {
+        conn.write_all(b"CONFIG RESETSTAT\r\n")
+            .map_err(|e| e.to_string())?;
+        let mut ok = String::new();
+        BufReader::new(conn)
+            .read_line(&mut ok)
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(t)
 }
 
 /// Groups the source's loads (one line `<instance> <unix ms>` each) into expiries: loads less
@@ -305,12 +398,12 @@ fn loads_per_expiry(source: &Path, gap: u64) -> Vec<usize> {
 pub fn table(reports: &[FleetReport]) -> String {
     let ns = |v: u64| format!("{:.1?}", Duration::from_nanos(v));
     let mut t = String::from(
-        "| instances | coordination | source loads | expiries | loads per expiry | most for one expiry | reads | p50 | p99 | max |\n\
-         | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        "| instances | coordination | source loads | expiries | loads per expiry | most for one expiry | reads | p50 | p99 | max | Redis commands per expiry | bytes in / out per expiry |\n\
+         | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for r in reports {
         t.push_str(&format!(
-            "| {} | {} | {} | {} | {:.2} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.instances,
             if r.mode == "redis" {
                 "Redis soft lock"
@@ -324,7 +417,20 @@ pub fn table(reports: &[FleetReport]) -> String {
             r.reads,
             ns(r.p50_ns),
             ns(r.p99_ns),
-            ns(r.max_ns)
+            ns(r.max_ns),
+            if r.mode == "redis" {
+                format!("{:.1}", r.commands_per_expiry)
+            } else {
+                "-".into()
+            },
+            if r.mode == "redis" {
+                format!(
+                    "{:.0} / {:.0}",
+                    r.bytes_in_per_expiry, r.bytes_out_per_expiry
+                )
+            } else {
+                "-".into()
+            },
         ));
     }
     t

@@ -527,7 +527,11 @@ fn fleet_section(fleet: &Result<Vec<FleetReport>, String>, out_dir: &Path, md: &
          instance processes on this machine, each with its own cache and {} reader threads at \
          {} reads/s, read one hot key (source load {:?}, TTL {:?}, {:?} per run), with local \
          single flight only and then coordinated through a private `redis-server` \
-         (`RedisTier`). Expiries: groups of source loads closer than half a TTL.\n",
+         (`RedisTier`). Expiries: groups of source loads closer than half a TTL. Redis \
+         commands: the calls of the commands clients send (`EVALSHA`, `SET`, `PING`, ...) in \
+         the server's `INFO commandstats` over the run, all instances together, startup and \
+         keep-alives included; bytes: its `total_net_input_bytes` and \
+         `total_net_output_bytes`.\n",
         s.readers, s.rate, s.load, s.ttl, s.run
     );
     let reports = match fleet {

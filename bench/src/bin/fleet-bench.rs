@@ -7,6 +7,8 @@
 //! read; prints stale reads beyond the tier's coherence bound (the promise: none),
 //! propagation percentiles and source loads per write.
 //!
+//! The stampede mode also reports the Redis commands and bytes each expiry cost the fleet.
+//!
 //! Needs `redis-server` installed (it starts a private one). Run:
 //! `cargo run --release -p herdcache-bench --bin fleet-bench -- [--instances K,...]
 //! [--readers N] [--rate R] [--load-ms L] [--ttl-ms T] [--seconds S] [--json]
