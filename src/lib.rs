@@ -210,9 +210,10 @@
 //!
 //! Single flight is per process: a hundred instances of a service still send a hundred loads
 //! when a hot key expires. `CacheBuilder::shared_tier` with a `fleet::RedisTier` makes the instances' leaders meet in Redis first: the one that takes
-//! a soft lock (with a lease) loads and writes the value there, the others wait briefly and
-//! take it, and every instance expires the value when Redis does, so the fleet loads about
-//! once per TTL. The lock is only an optimisation: a crashed holder costs one lease, a wait
+//! a soft lock (renewed by a heartbeat while it loads) loads and writes the value there, the
+//! others wait briefly and take it, and every instance expires the value when Redis does, so
+//! the fleet loads about once per TTL. The lock is only an optimisation: a crashed holder
+//! costs about two heartbeats, a wait
 //! never exceeds its bound, and with Redis down every read is still served by local single
 //! flight (counted in [`Stats::shared_errors`], never a load error). Values cross the wire
 //! through a `fleet::Codec`.
@@ -221,7 +222,9 @@
 //! instance reach Redis and every other instance within the tier's coherence bound (100 ms by
 //! default), and a load that raced such a write delivers its value to its own waiters but
 //! never puts it back, in Redis or in any local cache. The guarantee and the failure modes are
-//! under `fleet::RedisTier` (the `fleet` module exists with the `redis` feature).
+//! under `fleet::RedisTier` (the `fleet` module exists with the `redis` feature; `rediss://`
+//! URLs need the `tls` feature). A write that cannot reach Redis is queued and replayed,
+//! never dropped in silence; `Cache::try_invalidate` and its kin say when one was.
 //!
 //! # Pacing loads
 //!

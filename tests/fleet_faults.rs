@@ -495,3 +495,88 @@ fn an_idle_instance_sends_about_one_command_a_second() {
     );
     assert!(idle.shared_status().is_some_and(|s| s.subscribed));
 }
+
+/// What the crate logged, at warning level and above.
+static LOGGED: std::sync::Mutex<Vec<(log::Level, String)>> = std::sync::Mutex::new(Vec::new());
+
+struct Capture;
+
+impl log::Log for Capture {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::Level::Warn
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            let mut logged = LOGGED.lock().unwrap_or_else(|p| p.into_inner());
+            logged.push((r.level(), r.args().to_string()));
+        }
+    }
+    fn flush(&self) {}
+}
+
+/// The error lines logged so far that contain `needle`.
+fn errors_logged(needle: &str) -> usize {
+    let logged = LOGGED.lock().unwrap_or_else(|p| p.into_inner());
+    logged
+        .iter()
+        .filter(|(level, line)| *level == log::Level::Error && line.contains(needle))
+        .count()
+}
+
+/// A tier whose credentials Redis refuses says so: `check` tells before a cache is built,
+/// and a cache built anyway logs it at error level at its first connection, once. (A wrong
+/// password silently turned the tier into 100 ms local copies: 20 loads in 2 s instead of
+/// one, and a warning at most once per log interval, like a passing outage.)
+#[test]
+fn a_tier_that_cannot_authenticate_says_so_at_once_and_loudly() {
+    let Some(redis) = RedisServer::start("a_tier_that_cannot_authenticate") else {
+        return;
+    };
+    if log::set_logger(&Capture).is_ok() {
+        log::set_max_level(log::LevelFilter::Warn);
+    }
+    let mut raw = redis.client();
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("secret")
+        .query(&mut raw)
+        .unwrap();
+    let at = |userinfo: &str| {
+        RedisTier::builder(format!("redis://{userinfo}127.0.0.1:{}/", redis.port))
+            .key_prefix("auth:")
+            .op_timeout(Duration::from_secs(2))
+            .build(|k: &String| k.clone(), Utf8)
+            .unwrap()
+    };
+    use herdcache::fleet::CheckError;
+    let wrong = at(":wrong@").check();
+    assert!(matches!(wrong, Err(CheckError::Auth(_))), "{wrong:?}");
+    let none = at("").check();
+    assert!(matches!(none, Err(CheckError::Auth(_))), "{none:?}");
+    assert_eq!(at(":secret@").check(), Ok(()));
+    let closed = RedisTier::builder("redis://127.0.0.1:1/")
+        .key_prefix("auth:")
+        .build::<String, String>(|k| k.clone(), Utf8)
+        .unwrap()
+        .check();
+    assert!(
+        matches!(closed, Err(CheckError::Unreachable(_))),
+        "{closed:?}"
+    );
+
+    let needle = "refused the shared tier's credentials";
+    let cache: Cache<String, String> = Cache::builder()
+        .max_capacity(10)
+        .shared_tier(at(":wrong@"))
+        .build()
+        .unwrap();
+    wait_until("the refused credentials are logged as an error", || {
+        errors_logged(needle) > 0
+    });
+    // Loads still answer, locally, and the error is not said again.
+    let k = "k".to_owned();
+    assert_eq!(cache.get_or_load(&k, load("local")).as_deref(), Ok("local"));
+    assert!(cache.stats().shared_errors >= 1);
+    assert_eq!(errors_logged(needle), 1, "said once per tier");
+}

@@ -15,11 +15,14 @@
 //! - writes missed while the link was down: when it is lost every local copy is dropped, and
 //!   until it is back a copy is kept at most the bound.
 
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::Client;
+
+use super::redis_store::is_auth;
+use super::say_refused;
 
 /// Slots of heard writes, by policy key: a write heard for one key makes the loads of the
 /// keys sharing its slot drop what they install (an extra miss, never a stale read).
@@ -219,28 +222,12 @@ impl Drop for OwnWrite<'_> {
 /// How the subscriber reaches the cache: `false` once the cache is gone (the thread ends).
 pub(crate) type OnHeard = Box<dyn Fn(Heard, Duration) -> bool + Send>;
 
-/// Runs the subscriber of `channel` on a thread of its own until `on_heard` says the cache is
+/// Runs `link`'s subscriber on a thread of its own until its `on_heard` says the cache is
 /// gone.
-pub(crate) fn subscribe(
-    client: Client,
-    channel: String,
-    coherence: Arc<Coherence>,
-    op_timeout: Duration,
-    retry_after: Duration,
-    keepalive: Duration,
-    on_heard: OnHeard,
-) {
+pub(crate) fn subscribe(link: Link, retry_after: Duration) {
     let spawned = std::thread::Builder::new()
         .name("herdcache-fleet".into())
         .spawn(move || {
-            let link = Link {
-                client,
-                channel,
-                coherence,
-                op_timeout,
-                keepalive,
-                on_heard,
-            };
             // However the thread ends (the cache gone, or a panic), the link is down after:
             // nothing would hear the other instances' writes any more.
             let _down = LinkDown(&link.coherence);
@@ -274,14 +261,17 @@ impl Drop for LinkDown<'_> {
     }
 }
 
-struct Link {
-    client: Client,
-    channel: String,
-    coherence: Arc<Coherence>,
-    op_timeout: Duration,
+/// The subscriber's connection settings and its way to the cache.
+pub(crate) struct Link {
+    pub(crate) client: Client,
+    pub(crate) channel: String,
+    pub(crate) coherence: Arc<Coherence>,
+    pub(crate) op_timeout: Duration,
     /// How long the channel may be quiet before the subscriber pings.
-    keepalive: Duration,
-    on_heard: OnHeard,
+    pub(crate) keepalive: Duration,
+    /// Whether refused credentials were said (see `say_refused`).
+    pub(crate) refused: Arc<AtomicBool>,
+    pub(crate) on_heard: OnHeard,
 }
 
 /// How one connection's life ended.
@@ -295,6 +285,13 @@ enum Listened {
 }
 
 impl Link {
+    fn never_up(&self, e: &redis::RedisError) -> Listened {
+        if is_auth(e) {
+            say_refused(&self.refused, &e.to_string());
+        }
+        Listened::NeverUp
+    }
+
     /// One connection's life: subscribes, hands over what it hears, and returns when the link
     /// is lost or the cache is gone. Only a link that was up and is lost tells the cache
     /// (which then drops every local copy); while it stays down, copies live at most the
@@ -306,12 +303,13 @@ impl Link {
             conn.set_write_timeout(Some(self.op_timeout))?;
             Ok::<_, redis::RedisError>(conn)
         })();
-        let Ok(mut conn) = subscribed else {
-            return Listened::NeverUp;
+        let mut conn = match subscribed {
+            Ok(conn) => conn,
+            Err(e) => return self.never_up(&e),
         };
         let mut pubsub = conn.as_pubsub();
-        if pubsub.subscribe(&self.channel).is_err() {
-            return Listened::NeverUp;
+        if let Err(e) = pubsub.subscribe(&self.channel) {
+            return self.never_up(&e);
         }
         let quiet = self.keepalive.max(Duration::from_millis(1));
         let answer = (self.coherence.bound / 2).max(Duration::from_millis(1));

@@ -191,6 +191,50 @@ pub struct RedisTier<K, V> {
 }
 
 impl<K, V> RedisTier<K, V> {
+    /// Connects to Redis once, now, and asks it for a `PING`: whether this tier can work,
+    /// before a cache relies on it. A tier never fails a load (without Redis every load is
+    /// local), so a wrong password or address would otherwise show only in the logs and in
+    /// [`Stats::shared_errors`](crate::Stats::shared_errors).
+    ///
+    /// # Errors
+    /// [`CheckError::Auth`] when Redis refuses the URL's user and password (or wants some),
+    /// [`CheckError::Unreachable`] when it does not answer within
+    /// [`op_timeout`](RedisTierBuilder::op_timeout), [`CheckError::Refused`] for any other
+    /// error it replies.
+    ///
+    /// ```no_run
+    /// # use herdcache::fleet::{RedisTier, Utf8};
+    /// let tier: RedisTier<u64, String> = RedisTier::builder("redis://:secret@10.0.0.5/")
+    ///     .key_prefix("users:")
+    ///     .build(|id: &u64| id.to_string(), Utf8)?;
+    /// if let Err(e) = tier.check() {
+    ///     eprintln!("the users cache runs without its fleet: {e}");
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn check(&self) -> Result<(), CheckError> {
+        let ping = || -> redis::RedisResult<()> {
+            let mut c = self.client.get_connection_with_timeout(self.op_timeout)?;
+            c.set_read_timeout(Some(self.op_timeout))?;
+            c.set_write_timeout(Some(self.op_timeout))?;
+            redis::cmd("PING").query::<String>(&mut c).map(drop)
+        };
+        ping().map_err(|e| {
+            let m = e.to_string();
+            if redis_store::is_auth(&e) {
+                CheckError::Auth(m)
+            } else if e.is_io_error()
+                || e.is_timeout()
+                || e.is_connection_refusal()
+                || e.is_connection_dropped()
+            {
+                CheckError::Unreachable(m)
+            } else {
+                CheckError::Refused(m)
+            }
+        })
+    }
+
     /// Notes a future's load that skipped the tier for want of a tokio runtime.
     pub(crate) fn skipped_off_tokio(&self) {
         self.health.skipped_off_tokio();
@@ -246,7 +290,9 @@ pub struct RedisTierBuilder {
 }
 
 impl RedisTier<(), ()> {
-    /// Settings for a tier on the Redis at `url` (`redis://host:port/db`). Nothing connects
+    /// Settings for a tier on the Redis at `url`: `redis://[user:password@]host:port/db`, or
+    /// `rediss://...` for TLS (feature `tls`; the server's certificate is checked against
+    /// the system's roots, or those named by `SSL_CERT_FILE`). Nothing connects
     /// until the tier is given to a cache. (The key and value types come with
     /// [`build`](RedisTierBuilder::build).)
     ///
@@ -616,10 +662,27 @@ impl RedisTierBuilder {
                 })
             }
         };
+        let tls = self.url.starts_with("rediss://");
+        if tls && !cfg!(feature = "tls") {
+            return Err(BuildError::Invalid {
+                setting: "url",
+                reason: "rediss:// (TLS) needs herdcache's `tls` feature",
+            });
+        }
         let client = redis::Client::open(self.url.as_str()).map_err(|_| BuildError::Invalid {
             setting: "url",
             reason: "is not a valid Redis URL",
         })?;
+        #[cfg(feature = "tls")]
+        if tls {
+            // rustls needs one process-wide crypto provider; with two compiled in (another
+            // crate's choice) it would panic in the first connection rather than pick. Ours,
+            // unless the application installed one first. (ring: deprecated by rustls for
+            // want of post-quantum key exchange, but it builds with a C compiler alone; an
+            // application that wants aws-lc-rs installs it before building the tier.)
+            #[allow(deprecated)]
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
         let db = client.get_connection_info().redis_settings().db();
         let tier_keys = TierKeys {
             epoch: format!("{prefix}epoch"),
@@ -680,6 +743,8 @@ struct Health {
     logged_at: AtomicU64,
     /// Whether a load outside a tokio runtime, which skips the tier, has been logged.
     logged_off_tokio: AtomicBool,
+    /// Whether refused credentials have been logged (shared with the subscriber).
+    logged_auth: Arc<AtomicBool>,
     retry_after: Duration,
     log_interval: Duration,
 }
@@ -691,6 +756,7 @@ impl Health {
             down_until: AtomicU64::new(0),
             logged_at: AtomicU64::new(0),
             logged_off_tokio: AtomicBool::new(false),
+            logged_auth: Arc::new(AtomicBool::new(false)),
             retry_after,
             log_interval,
         }
@@ -703,6 +769,11 @@ impl Health {
     // Relaxed throughout: these are timestamps for a heuristic, ordering nothing else.
     fn is_down(&self) -> bool {
         self.now() < self.down_until.load(Ordering::Relaxed)
+    }
+
+    /// The once-flag of [`say_refused`], shared with the subscriber.
+    fn refused_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.logged_auth)
     }
 
     /// A future's load outside a tokio runtime skipped the tier: said once per tier, and
@@ -755,6 +826,9 @@ impl Health {
             self.down_until
                 .store(now + self.retry_after.as_nanos() as u64, Ordering::Relaxed);
         }
+        if e.auth && say_refused(&self.logged_auth, &e.message) {
+            return;
+        }
         if self.log_due() {
             log::warn!(
                 "herdcache: Redis failed ({}); loading locally, retrying Redis in {:?}",
@@ -763,6 +837,20 @@ impl Health {
             );
         }
     }
+}
+
+/// Refused credentials are a configuration error, not a passing fault: said once per tier,
+/// at once and at error level, past the log interval, by whichever connection meets them
+/// first (a new instance's first is its subscriber's). Whether this call said it.
+pub(crate) fn say_refused(said: &AtomicBool, message: &str) -> bool {
+    if said.swap(true, Ordering::Relaxed) {
+        return false;
+    }
+    log::error!(
+        "herdcache: Redis refused the shared tier's credentials ({message}): every load is local and every local copy lives at most the coherence bound until the URL's user and password are fixed (RedisTier::check tells before a cache is built)"
+    );
+    trace_event!(ERROR, error = %message, "Redis refused the shared tier's credentials");
+    true
 }
 
 /// A random 64-bit number (process id, a counter and the clock through a randomly seeded
@@ -834,6 +922,31 @@ impl<V: 'static> Hooks<V> for TierHooks<'_, V> {
         (self.count)(c)
     }
 }
+
+/// Why [`RedisTier::check`] found the tier unusable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CheckError {
+    /// Redis refused the URL's user and password, or wants some that the URL does not give.
+    Auth(String),
+    /// Redis did not answer within `op_timeout`: down, a wrong host or port, a TLS handshake
+    /// that failed.
+    Unreachable(String),
+    /// Redis replied with another error.
+    Refused(String),
+}
+
+impl fmt::Display for CheckError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CheckError::Auth(m) => write!(f, "Redis refused the tier's credentials: {m}"),
+            CheckError::Unreachable(m) => write!(f, "Redis did not answer: {m}"),
+            CheckError::Refused(m) => write!(f, "Redis replied with an error: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for CheckError {}
 
 /// A write whose shared-tier half did not reach Redis, from the checked writes
 /// ([`Cache::try_insert`](crate::Cache::try_insert),
@@ -1134,6 +1247,20 @@ mod tests {
         }
         // Not waiting at all is a valid choice; building connects to nothing.
         assert!(build(b().wait_bound(Duration::ZERO)).is_ok());
+        for bad in [Duration::ZERO, Duration::from_micros(10)] {
+            assert_eq!(setting(build(b().heartbeat(bad))), "heartbeat");
+        }
+        assert_eq!(setting(build(b().keepalive(Duration::ZERO))), "keepalive");
+        // TLS is a feature: without it a rediss:// URL says what it needs.
+        let tls = build(RedisTier::builder("rediss://127.0.0.1:6380/").key_prefix("users:"));
+        #[cfg(feature = "tls")]
+        assert!(tls.is_ok(), "{tls:?}");
+        #[cfg(not(feature = "tls"))]
+        assert!(
+            tls.as_ref()
+                .is_err_and(|e| e.to_string().contains("`tls` feature")),
+            "{tls:?}"
+        );
         // A namespace must be named: two caches on one Redis never share one by default.
         let bare = RedisTier::builder("redis://127.0.0.1:6379/");
         for missing in [bare.clone(), bare.key_prefix("")] {

@@ -34,6 +34,9 @@ pub(crate) struct StoreError {
     /// The store could not be reached (a connection failed, or an operation timed out): it
     /// is skipped for a while. An error reply about one key says nothing of the others.
     pub(crate) unreachable: bool,
+    /// Redis refused the credentials (or wants some): every command will fail alike until
+    /// the configuration is fixed.
+    pub(crate) auth: bool,
 }
 
 impl StoreError {
@@ -41,6 +44,7 @@ impl StoreError {
         StoreError {
             message: message.into(),
             unreachable,
+            auth: false,
         }
     }
 }

@@ -128,9 +128,24 @@ const POOL: usize = 16;
 /// A Redis error: Redis unreachable (a connection that failed or timed out), which marks
 /// the tier down for a while, or an error reply about one key, which does not.
 fn err(e: redis::RedisError) -> StoreError {
-    let unreachable =
-        e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal();
-    StoreError::new(e.to_string(), unreachable)
+    let auth = is_auth(&e);
+    // Refused credentials fail every command alike: skipped for a while, like an outage.
+    let unreachable = auth
+        || e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal();
+    StoreError {
+        auth,
+        ..StoreError::new(e.to_string(), unreachable)
+    }
+}
+
+/// Whether Redis refused the connection's credentials (a wrong user or password), or wants
+/// some that the URL does not give.
+pub(crate) fn is_auth(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
 }
 
 /// An operation that ran past the tier's timeout.

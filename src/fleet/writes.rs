@@ -136,14 +136,15 @@ impl<K, V: 'static> RedisTier<K, V> {
     /// Starts the subscriber thread, which hands what it hears to `heard` until that returns
     /// false (the cache is gone).
     pub(crate) fn subscribe(&self, heard: coherence::OnHeard) {
-        coherence::subscribe(
-            self.client.clone(),
-            self.channel.clone(),
-            Arc::clone(&self.coherence),
-            self.op_timeout,
-            self.retry_after,
-            self.keepalive,
-            heard,
-        );
+        let link = coherence::Link {
+            client: self.client.clone(),
+            channel: self.channel.clone(),
+            coherence: Arc::clone(&self.coherence),
+            op_timeout: self.op_timeout,
+            keepalive: self.keepalive,
+            refused: self.health.refused_flag(),
+            on_heard: heard,
+        };
+        coherence::subscribe(link, self.retry_after);
     }
 }

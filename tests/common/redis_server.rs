@@ -17,6 +17,8 @@ pub struct RedisServer {
     dir: PathBuf,
     /// Whether the server keeps an append-only file in `dir` (restarts then find their data).
     aof: bool,
+    /// Certificate, key and CA files: the server then speaks TLS only, on `port`.
+    tls: Option<[PathBuf; 3]>,
 }
 
 impl RedisServer {
@@ -55,6 +57,7 @@ impl RedisServer {
             port,
             dir,
             aof: false,
+            tls: None,
         };
         s.restart();
         Some(s)
@@ -66,6 +69,19 @@ impl RedisServer {
         s.aof = true;
         s.restart();
         Some(s)
+    }
+
+    /// As `start`, speaking TLS only with the certificate, key and CA in these PEM files.
+    pub fn start_tls(test: &str, cert: PathBuf, key: PathBuf, ca: PathBuf) -> Option<Self> {
+        let mut s = Self::start(test)?;
+        s.tls = Some([cert, key, ca]);
+        s.restart();
+        Some(s)
+    }
+
+    /// Its directory, for the files a test makes.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
     }
 
     /// Stops the server in its tracks (SIGSTOP), as a stalled host would; `resume` goes on.
@@ -110,8 +126,27 @@ impl RedisServer {
     /// Starts the server again on the same port, empty; returns once it accepts connections.
     pub fn restart(&mut self) {
         self.stop();
+        let port = self.port.to_string();
+        let mut args = vec!["--bind", "127.0.0.1"];
+        match &self.tls {
+            None => args.extend(["--port", &port]),
+            Some([cert, key, ca]) => args.extend([
+                "--port",
+                "0",
+                "--tls-port",
+                &port,
+                "--tls-cert-file",
+                cert.to_str().expect("a UTF-8 path"),
+                "--tls-key-file",
+                key.to_str().expect("a UTF-8 path"),
+                "--tls-ca-cert-file",
+                ca.to_str().expect("a UTF-8 path"),
+                "--tls-auth-clients",
+                "no",
+            ]),
+        }
         let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+            .args(&args)
             .args([
                 "--save",
                 "",
