@@ -18,7 +18,7 @@ const MAX_COUNT: u64 = 15;
 const PER_WORD: usize = 16;
 
 /// The fewest words (8 KiB): a small cache's sketch counts with fewer collisions
-/// (DESIGN.md, "Policy tuning").
+/// (docs/LOG.md, "Policy tuning").
 const MIN_WORDS: usize = 1024;
 
 /// Halve every this many increments per entry of capacity (Caffeine: 10): aging twice as

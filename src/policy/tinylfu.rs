@@ -68,7 +68,7 @@ const ZONED: u32 = 1 << (LINK_BITS + 1);
 /// The window's initial share of the capacity.
 const WINDOW_START: f64 = 0.01;
 /// The protected segment's share of the main space (Caffeine: 0.8); a smaller share loses
-/// less where recency matters (DESIGN.md, "Policy tuning").
+/// less where recency matters (docs/LOG.md, "Policy tuning").
 const PROTECTED_SHARE: f64 = 0.60;
 /// A candidate at least this frequent but not more frequent than the victim is still admitted
 /// with probability 1/128, so that an attacker cannot pin the main space with keys whose
