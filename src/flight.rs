@@ -228,7 +228,8 @@ impl<V> Flight<V> {
 
     /// Whether the result is available.
     pub(crate) fn is_complete(&self) -> bool {
-        // Acquire pairs with the Release swap in `complete`.
+        // Acquire pairs with the AcqRel swap to CLOSED in `publish`, which follows the
+        // result's write.
         self.waiters.load(Ordering::Acquire) == closed()
     }
 

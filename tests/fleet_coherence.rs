@@ -13,6 +13,10 @@ mod redis_server;
 mod common;
 use common::wait_until;
 
+#[path = "common/fleet.rs"]
+mod fleet_common;
+use fleet_common::{instance, linked, tier, BOUND};
+
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -21,32 +25,6 @@ use herdcache::fleet::{RedisTier, Utf8};
 use herdcache::{Cache, LoadError};
 use redis::Commands;
 use redis_server::RedisServer;
-
-/// Long enough that a loaded test machine does not starve the subscriber into declaring its
-/// link lost (which drops every copy: correct, but not what these tests look at).
-const BOUND: Duration = Duration::from_secs(2);
-
-fn tier(url: &str, prefix: &str) -> RedisTier<String, String> {
-    RedisTier::builder(url)
-        .key_prefix(prefix)
-        .lease(Duration::from_secs(30))
-        .wait_bound(Duration::from_secs(30))
-        .coherence_bound(BOUND)
-        // Generous: a loaded test machine must not turn a slow reply into a local load.
-        .op_timeout(Duration::from_secs(5))
-        .retry_after(Duration::from_millis(200))
-        .build(|k: &String| k.clone(), Utf8)
-        .expect("valid tier settings")
-}
-
-fn instance(url: &str, prefix: &str) -> Cache<String, String> {
-    Cache::builder()
-        .max_capacity(100)
-        .time_to_live(Duration::from_secs(60))
-        .shared_tier(tier(url, prefix))
-        .build()
-        .expect("valid cache settings")
-}
 
 /// A source whose value is `v<version>`, counting its loads.
 #[derive(Default)]
@@ -72,14 +50,6 @@ impl Source {
 /// Waits until each of these instances says it is subscribed (Redis counts a subscriber a
 /// moment before the instance has seen its subscription confirmed, and a load that began
 /// before then drops what it installed, as the link changed under it).
-fn linked(instances: &[&Cache<String, String>]) {
-    wait_until("instances subscribed", || {
-        instances
-            .iter()
-            .all(|c| c.shared_status().is_some_and(|s| s.subscribed))
-    });
-}
-
 /// Waits until `instances` subscribers (other processes) are subscribed to the tier's
 /// channel, as Redis counts them.
 fn subscribed(redis: &RedisServer, prefix: &str, instances: usize) {

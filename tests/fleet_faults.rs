@@ -10,44 +10,15 @@ mod redis_server;
 mod common;
 use common::wait_until;
 
+#[path = "common/fleet.rs"]
+mod fleet_common;
+use fleet_common::{build, instance, instance_of, linked, settings};
+
 use std::time::Duration;
 
 use herdcache::fleet::{RedisTier, Utf8};
 use herdcache::Cache;
 use redis_server::RedisServer;
-
-/// Long enough that a loaded test machine does not starve a subscriber into declaring its
-/// link lost.
-const BOUND: Duration = Duration::from_secs(2);
-
-fn tier(url: &str, prefix: &str) -> RedisTier<String, String> {
-    RedisTier::builder(url)
-        .key_prefix(prefix)
-        .wait_bound(Duration::from_secs(5))
-        .coherence_bound(BOUND)
-        .op_timeout(Duration::from_secs(2))
-        .retry_after(Duration::from_millis(100))
-        .build(|k: &String| k.clone(), Utf8)
-        .expect("valid tier settings")
-}
-
-fn instance(url: &str, prefix: &str) -> Cache<String, String> {
-    Cache::builder()
-        .max_capacity(100)
-        .time_to_live(Duration::from_secs(60))
-        .shared_tier(tier(url, prefix))
-        .build()
-        .expect("valid cache settings")
-}
-
-/// Waits until each instance hears the fleet.
-fn linked(instances: &[&Cache<String, String>]) {
-    wait_until("instances subscribed", || {
-        instances
-            .iter()
-            .all(|c| c.shared_status().is_some_and(|s| s.subscribed))
-    });
-}
 
 fn load(v: &str) -> impl FnOnce(&String) -> Result<String, ()> + '_ {
     move |_| Ok(v.to_owned())
@@ -222,21 +193,12 @@ fn corrupt_bookkeeping_keys_heal_and_take_nothing_down() {
 
 /// A tier whose operations give up quickly, for the outage tests.
 fn impatient(url: &str, prefix: &str) -> Cache<String, String> {
-    Cache::builder()
-        .max_capacity(100)
-        .time_to_live(Duration::from_secs(60))
-        .shared_tier(
-            RedisTier::builder(url)
-                .key_prefix(prefix)
-                .wait_bound(Duration::from_secs(5))
-                .coherence_bound(BOUND)
-                .op_timeout(Duration::from_millis(300))
-                .retry_after(Duration::from_millis(100))
-                .build(|k: &String| k.clone(), Utf8)
-                .expect("valid tier settings"),
-        )
-        .build()
-        .expect("valid cache settings")
+    instance_of(build(
+        settings(url, prefix)
+            .wait_bound(Duration::from_secs(5))
+            .op_timeout(Duration::from_millis(300))
+            .retry_after(Duration::from_millis(100)),
+    ))
 }
 
 /// A write made while Redis is stalled (SIGSTOP) is not lost: the writer is told it was
@@ -316,23 +278,8 @@ fn a_value_too_large_for_the_tier_stays_local_and_takes_nothing_down() {
     let Some(redis) = RedisServer::start("a_value_too_large_for_the_tier") else {
         return;
     };
-    let small = |prefix: &str| -> Cache<String, String> {
-        Cache::builder()
-            .max_capacity(100)
-            .time_to_live(Duration::from_secs(60))
-            .shared_tier(
-                RedisTier::builder(redis.url())
-                    .key_prefix(prefix)
-                    .max_value_size(1_000)
-                    .wait_bound(Duration::from_secs(5))
-                    .coherence_bound(BOUND)
-                    .op_timeout(Duration::from_secs(2))
-                    .build(|k: &String| k.clone(), Utf8)
-                    .unwrap(),
-            )
-            .build()
-            .unwrap()
-    };
+    let small =
+        |prefix: &str| instance_of(build(settings(&redis.url(), prefix).max_value_size(1_000)));
     let (a, b) = (small("big:"), small("big:"));
     linked(&[&a, &b]);
     let (k, big) = ("k".to_owned(), "x".repeat(2_000));
@@ -368,21 +315,9 @@ fn a_live_holder_keeps_its_lock_through_a_long_load() {
         return;
     };
     let beating = |prefix: &str| {
-        Cache::builder()
-            .max_capacity(100)
-            .time_to_live(Duration::from_secs(60))
-            .shared_tier(
-                RedisTier::builder(redis.url())
-                    .key_prefix(prefix)
-                    .heartbeat(Duration::from_millis(20))
-                    .wait_bound(Duration::from_secs(30))
-                    .coherence_bound(BOUND)
-                    .op_timeout(Duration::from_secs(2))
-                    .build(|k: &String| k.clone(), Utf8)
-                    .unwrap(),
-            )
-            .build()
-            .unwrap()
+        instance_of(build(
+            settings(&redis.url(), prefix).heartbeat(Duration::from_millis(20)),
+        ))
     };
     let (a, b) = (beating("live:"), beating("live:"));
     linked(&[&a, &b]);

@@ -403,20 +403,20 @@ fn dropping_a_cache_with_a_panicking_value_drops_all_the_others() {
     });
 }
 
-#[test]
-fn a_listener_that_writes_to_its_cache_does_not_recurse() {
-    // Under the chain's bound (`herdcache::MAX_LISTENER_CHAIN`).
-    const WRITES: usize = 1_000;
-    let writes = Arc::new(AtomicUsize::new(0));
-    let cell: Arc<Mutex<Option<Cache<u64, u64>>>> = Arc::default();
-    let (w, handle) = (Arc::clone(&writes), Arc::clone(&cell));
+/// Where a listener finds its own cache.
+type Cell = Arc<Mutex<Option<Cache<u64, u64>>>>;
+
+/// A cache of 10 entries whose eviction listener inserts a new key into the cache itself
+/// (which evicts another), for its first `stop` calls; the count of its calls; and the cell
+/// through which the listener reaches its cache (empty it to break the cycle).
+fn self_writing_cache(stop: usize) -> (Cache<u64, u64>, Arc<AtomicUsize>, Cell) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let cell: Cell = Arc::default();
+    let (n, handle) = (Arc::clone(&calls), Arc::clone(&cell));
     let c: Cache<u64, u64> = Cache::builder()
         .max_capacity(10)
         .eviction_listener(move |k: &u64, _: &u64, _| {
-            // Each eviction inserts a new key, which evicts another: 1,000 levels deep if
-            // listeners nested (a stack overflow on a small stack), a loop of 1,000 turns if
-            // they do not.
-            if w.fetch_add(1, Ordering::SeqCst) < WRITES {
+            if n.fetch_add(1, Ordering::SeqCst) < stop {
                 let c = handle.lock().unwrap().clone();
                 if let Some(c) = c {
                     c.insert(k + 1_000_000, 0);
@@ -426,6 +426,16 @@ fn a_listener_that_writes_to_its_cache_does_not_recurse() {
         .build()
         .unwrap();
     *cell.lock().unwrap() = Some(c.clone());
+    (c, calls, cell)
+}
+
+#[test]
+fn a_listener_that_writes_to_its_cache_does_not_recurse() {
+    // Under the chain's bound (`herdcache::MAX_LISTENER_CHAIN`).
+    // Each eviction inserts a new key, which evicts another: 1,000 levels deep if listeners
+    // nested (a stack overflow on a small stack), a loop of 1,000 turns if they do not.
+    const WRITES: usize = 1_000;
+    let (c, writes, cell) = self_writing_cache(WRITES);
     // A thread with a small stack, so that recursion would show at once.
     let c2 = c.clone();
     std::thread::Builder::new()
@@ -779,22 +789,7 @@ fn a_key_and_a_value_whose_drops_both_panic_do_not_abort() {
 #[test]
 fn a_listener_whose_writes_keep_evicting_is_cut_off_at_the_chain_bound() {
     const STOP: usize = 200_000;
-    let writes = Arc::new(AtomicUsize::new(0));
-    let cell: Arc<Mutex<Option<Cache<u64, u64>>>> = Arc::default();
-    let (w, handle) = (Arc::clone(&writes), Arc::clone(&cell));
-    let c: Cache<u64, u64> = Cache::builder()
-        .max_capacity(10)
-        .eviction_listener(move |k: &u64, _: &u64, _| {
-            if w.fetch_add(1, Ordering::SeqCst) < STOP {
-                let c = handle.lock().unwrap().clone();
-                if let Some(c) = c {
-                    c.insert(k + 1_000_000, 0);
-                }
-            }
-        })
-        .build()
-        .unwrap();
-    *cell.lock().unwrap() = Some(c.clone());
+    let (c, writes, cell) = self_writing_cache(STOP);
     for k in 0..11 {
         c.insert(k, k);
     }
