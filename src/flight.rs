@@ -299,7 +299,7 @@ impl<V> Flight<V> {
                     Wake::Task(slot) => {
                         // Taken under the lock, woken outside it (waking runs executor code,
                         // which must not stop the other wake-ups if it panics).
-                        let waker = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+                        let waker = slot.lock().take();
                         if let Some(w) = waker {
                             let _ =
                                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.wake()));
@@ -315,7 +315,7 @@ impl<V> Flight<V> {
     /// The load's permit, taken out of the flight (a flight that never got installed gives
     /// it back to its caller, who keeps its place).
     pub(crate) fn take_permit(&self) -> Option<Permit> {
-        self.permit.lock().unwrap_or_else(|e| e.into_inner()).take()
+        self.permit.lock().take()
     }
 
     /// Pushes `node` (an `Arc` reference given to the stack) unless the flight is complete;
@@ -370,7 +370,7 @@ impl<V> Flight<V> {
             return Poll::Ready(self.result().expect("notified after completion"));
         }
         if let Wake::Task(slot) = &sub.0.wake {
-            let mut w = slot.lock().unwrap_or_else(|e| e.into_inner());
+            let mut w = slot.lock();
             match &*w {
                 Some(old) if old.will_wake(cx.waker()) => {}
                 _ => *w = Some(cx.waker().clone()),
@@ -392,7 +392,7 @@ impl<V> Flight<V> {
                 .compare_exchange(WAITING, ABANDONED, Ordering::AcqRel, Ordering::Acquire);
         if let Wake::Task(slot) = &sub.0.wake {
             // Drop our waker now rather than when the flight goes.
-            drop(slot.lock().unwrap_or_else(|e| e.into_inner()).take());
+            drop(slot.lock().take());
         }
     }
 

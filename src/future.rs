@@ -23,7 +23,6 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::hash::{BuildHasher, Hash};
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -32,6 +31,7 @@ use crate::flight::{Flight, FlightResult, Subscription};
 use crate::load::{Absent, Begin, Joined, Lead, LoadError};
 use crate::miss::{PermitWait, Waits};
 use crate::pacing::{Limiter, Queued};
+use crate::sync::{AtomicBool, Ordering};
 use crate::timer::{OrDeadline, Sleep};
 
 impl<K, V, S> Cache<K, V, S>

@@ -14,7 +14,6 @@ use std::convert::Infallible;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{self, AtomicBool};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,6 +27,7 @@ use crate::pacing::Permit;
 use crate::refresh::{LoadRecord, RefreshState};
 use crate::removal::RemovalCause;
 use crate::stats::Counter;
+use crate::sync::{AtomicBool, Ordering};
 use crate::table::Node;
 use crate::trace::trace_event;
 
@@ -1348,7 +1348,7 @@ where
         // and completion that follow run none (the slot is matched by flight, and freed
         // nodes' drops are contained by the table).
         // Relaxed: set and read on the thread that polls the leader, or handed over with it.
-        let panicked = self.panicked.load(atomic::Ordering::Relaxed) || std::thread::panicking();
+        let panicked = self.panicked.load(Ordering::Relaxed) || std::thread::panicking();
         let counter = if panicked {
             trace_event!(WARN, "a loader panicked");
             Counter::LoadPanics

@@ -15,10 +15,12 @@
 //! load, which costs far more than an uncontended lock. Hits never touch the limiter.
 
 use std::collections::{BTreeSet, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
+
+use crate::sync::thread::{self, Thread};
+use crate::sync::{AtomicBool, Mutex, MutexGuard, Ordering};
 
 /// The permits of one cache.
 #[derive(Debug)]
@@ -51,7 +53,7 @@ struct Ticket {
 
 #[derive(Debug)]
 enum Wake {
-    Thread(std::thread::Thread),
+    Thread(Thread),
     Task(Mutex<Option<Waker>>),
 }
 
@@ -95,7 +97,7 @@ fn wake(ticket: Option<Arc<Ticket>>) {
         match &t.wake {
             Wake::Thread(th) => th.unpark(),
             Wake::Task(slot) => {
-                let w = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+                let w = slot.lock().take();
                 if let Some(w) = w {
                     // Executor code: a panic must not lose the hand-off's other effects.
                     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.wake()));
@@ -146,7 +148,7 @@ impl Limiter {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 
     /// A new lease starting at `now`, recorded in `st`.
@@ -263,7 +265,7 @@ impl Limiter {
                 let p = self.granted(&mut st, t, now);
                 if p.is_none() {
                     if let Wake::Task(slot) = &t.wake {
-                        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
+                        *slot.lock() = Some(cx.waker().clone());
                     }
                 } else {
                     queued.ticket = None;
@@ -306,7 +308,7 @@ impl Limiter {
             return Some(p);
         }
         let ticket = Arc::new(Ticket {
-            wake: Wake::Thread(std::thread::current()),
+            wake: Wake::Thread(thread::current()),
             granted: AtomicBool::new(false),
         });
         st.queue.push_back(Arc::clone(&ticket));
@@ -332,8 +334,8 @@ impl Limiter {
                 (d, r) => d.or(r),
             };
             match until {
-                None => std::thread::park(),
-                Some(u) => std::thread::park_timeout(u.saturating_duration_since(now)),
+                None => thread::park(),
+                Some(u) => thread::park_timeout(u.saturating_duration_since(now)),
             }
         }
     }
@@ -474,5 +476,87 @@ mod tests {
         drop(a);
         drop(next);
         assert!(l2.try_acquire().is_some());
+    }
+}
+
+/// loom models of the hand-off: a released permit reaches the first queued caller, thread or
+/// future, and is never lost, whatever the order of release, queueing and leaving. Leases
+/// are off: loom has no time, and a lease only adds take-backs on the same paths.
+#[cfg(all(test, herdcache_loom))]
+mod models {
+    use super::*;
+    use std::task::Waker;
+
+    fn all_permits_back(l: &Arc<Limiter>) {
+        let p = l.try_acquire();
+        assert!(p.is_some(), "a permit was lost");
+        drop(p);
+        assert_eq!(l.lock().available, l.permits(), "a permit was lost or made");
+    }
+
+    /// Three threads through one permit: each gets it in turn (a release wakes the first
+    /// queued thread, which never misses its unpark), and it ends free.
+    #[test]
+    fn threads_queued_on_one_permit_each_get_it() {
+        loom::model(|| {
+            let l = Arc::new(Limiter::new(1, None));
+            let others: Vec<_> = (0..2)
+                .map(|_| {
+                    let l = Arc::clone(&l);
+                    loom::thread::spawn(move || drop(l.acquire(None).expect("no deadline")))
+                })
+                .collect();
+            drop(l.acquire(None).expect("no deadline"));
+            for t in others {
+                t.join().unwrap();
+            }
+            all_permits_back(&l);
+        });
+    }
+
+    /// A queued future leaves (is dropped) while the permit is released towards it: the
+    /// permit goes on to the thread queued behind it or back to the pool, never lost.
+    #[test]
+    fn a_future_leaving_as_the_permit_reaches_it_passes_it_on() {
+        loom::model(|| {
+            let l = Arc::new(Limiter::new(1, None));
+            let held = l.try_acquire().expect("a free permit");
+            let mut queued = Queued::default();
+            let mut cx = Context::from_waker(Waker::noop());
+            assert!(l.poll_acquire(&mut queued, &mut cx).is_pending());
+            let l2 = Arc::clone(&l);
+            let behind = loom::thread::spawn(move || drop(l2.acquire(None).expect("no deadline")));
+            let releaser = loom::thread::spawn(move || drop(held));
+            drop(queued);
+            releaser.join().unwrap();
+            behind.join().unwrap();
+            all_permits_back(&l);
+        });
+    }
+
+    /// A queued future polled again as the permit reaches it gets it or stays queued,
+    /// and its permit, once collected and dropped, frees the limiter.
+    #[test]
+    fn a_future_polled_as_the_permit_reaches_it_collects_it() {
+        loom::model(|| {
+            let l = Arc::new(Limiter::new(1, None));
+            let held = l.try_acquire().expect("a free permit");
+            let mut queued = Queued::default();
+            let mut cx = Context::from_waker(Waker::noop());
+            assert!(l.poll_acquire(&mut queued, &mut cx).is_pending());
+            let releaser = loom::thread::spawn(move || drop(held));
+            let early = l.poll_acquire(&mut queued, &mut cx);
+            releaser.join().unwrap();
+            let permit = match early {
+                Poll::Ready(p) => p,
+                Poll::Pending => match l.poll_acquire(&mut queued, &mut cx) {
+                    Poll::Ready(p) => p,
+                    Poll::Pending => panic!("released, yet not handed to the queued future"),
+                },
+            };
+            drop(permit);
+            drop(queued);
+            all_permits_back(&l);
+        });
     }
 }

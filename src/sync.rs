@@ -1,9 +1,15 @@
 //! The one place that chooses between `std` and `loom` primitives.
 //!
-//! Everything in the crate that is shared between threads imports its atomics, cells and
-//! thread parking from here, so that building with `--cfg herdcache_loom` (together with
-//! `--cfg crossbeam_loom`, which makes crossbeam-epoch itself use loom) puts every
-//! interleaving under the model checker.
+//! What the crate shares between threads imports its atomics, locks, condition variables,
+//! cells and thread parking from here, so that building with `--cfg herdcache_loom`
+//! (together with `--cfg crossbeam_loom`, which makes crossbeam-epoch itself use loom) puts
+//! every interleaving under the model checker. Whole modules are swapped, std's or loom's,
+//! behind one poison-free [`Mutex`] and [`Condvar`].
+//!
+//! Left on std, on purpose: the statistics' counters and the engine's settings read with
+//! `Relaxed` (capacity, the sweep's count), which order no other access; under loom they
+//! would multiply the interleavings of every model with nothing to check. And the fleet
+//! tier's atomics: its threads block on Redis and never run under loom.
 
 #[cfg(herdcache_loom)]
 pub(crate) use loom::sync::atomic::{
@@ -16,10 +22,74 @@ pub(crate) use std::sync::atomic::{
 };
 
 #[cfg(herdcache_loom)]
-pub(crate) use loom::sync::Mutex;
-
+use loom::sync as imp;
 #[cfg(not(herdcache_loom))]
-pub(crate) use std::sync::Mutex;
+use std::sync as imp;
+
+/// The guard of a [`Mutex`].
+pub(crate) type MutexGuard<'a, T> = imp::MutexGuard<'a, T>;
+
+/// A mutex that does not poison: `lock` hands out the guard even after a thread panicked
+/// while holding it.
+///
+/// Poisoning protects data a panic left half-updated. No user code runs under the crate's
+/// locks (invariant 9: user code runs only outside them, and debug builds check it), and the
+/// crate's own code under them does not panic, so the data behind a lock is whole whenever
+/// its holder unwinds; a poisoned lock would only pass one caller's panic on to every later
+/// caller of the cache.
+#[derive(Debug, Default)]
+pub(crate) struct Mutex<T>(imp::Mutex<T>);
+
+impl<T> Mutex<T> {
+    pub(crate) fn new(value: T) -> Self {
+        Mutex(imp::Mutex::new(value))
+    }
+
+    #[inline]
+    pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A condition variable for [`Mutex`], poison-free like it.
+#[derive(Debug, Default)]
+pub(crate) struct Condvar(imp::Condvar);
+
+impl Condvar {
+    pub(crate) fn new() -> Self {
+        Condvar(imp::Condvar::new())
+    }
+
+    pub(crate) fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+        self.0
+            .wait(guard)
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Waits for a notification or for `timeout`; under loom, which has no time, only a
+    /// notification ends the wait.
+    pub(crate) fn wait_timeout<'a, T>(
+        &self,
+        guard: MutexGuard<'a, T>,
+        timeout: std::time::Duration,
+    ) -> MutexGuard<'a, T> {
+        self.0
+            .wait_timeout(guard, timeout)
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0
+    }
+
+    pub(crate) fn notify_one(&self) {
+        self.0.notify_one();
+    }
+
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn notify_all(&self) {
+        self.0.notify_all();
+    }
+}
 
 /// Spin-wait helper for the rare places that wait on another thread's bounded work.
 pub(crate) use crossbeam_utils::Backoff;

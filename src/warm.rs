@@ -2,11 +2,11 @@
 
 use std::hash::{BuildHasher, Hash};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::cache::Cache;
+use crate::sync::{AtomicBool, AtomicUsize, Condvar, Mutex, Ordering};
 
 /// What [`Cache::warm`] did.
 ///
@@ -179,7 +179,7 @@ where
         // Registers a worker slot and starts its thread; false if no thread could be had.
         let spawn = || {
             let id = {
-                let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+                let mut st = shared.state.lock();
                 st.current.push(None);
                 st.abandoned.push(false);
                 st.current.len() - 1
@@ -238,7 +238,7 @@ where
             // deadline (given up on: their key fails, and a new worker takes their place).
             let now = Instant::now();
             let (finished, stuck, wake_at) = {
-                let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+                let mut st = shared.state.lock();
                 let mut stuck = Vec::new();
                 let mut wake_at: Option<Instant> = None;
                 if let Some(t) = timeout {
@@ -274,20 +274,16 @@ where
             if finished_count >= total || (inline && keys_left) {
                 continue;
             }
-            let st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            let st = shared.state.lock();
             if !st.finished.is_empty() {
                 continue;
             }
             // A worker that finishes notifies under this lock, so none is missed.
             drop(match wake_at {
-                None => shared.changed.wait(st).unwrap_or_else(|e| e.into_inner()),
-                Some(at) => {
-                    shared
-                        .changed
-                        .wait_timeout(st, at.saturating_duration_since(now))
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
-                }
+                None => shared.changed.wait(st),
+                Some(at) => shared
+                    .changed
+                    .wait_timeout(st, at.saturating_duration_since(now)),
             });
         }
         report
@@ -311,10 +307,10 @@ where
             // Only time spent inside the loader counts toward giving up on this worker: a
             // wait for another caller's load or for a permit ends at the load's deadline.
             let outcome = self.warm_one(key, loader, || {
-                let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+                let mut st = shared.state.lock();
                 st.current[id] = Some((i, Instant::now()));
             });
-            let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut st = shared.state.lock();
             if st.abandoned[id] {
                 return;
             }

@@ -8,7 +8,9 @@
 //! runtime's thread still has its lock renewed, up to its lease.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use crate::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use redis::{Client, Connection, Script};
@@ -116,7 +118,7 @@ impl Drop for Heartbeat {
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // The state is a map and flags, each update one call: a panic cannot leave it torn.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock()
     }
 
     fn run(&self) {
@@ -157,10 +159,7 @@ impl Shared {
     }
 
     fn wait<'a>(&'a self, state: MutexGuard<'a, State>, d: Duration) -> MutexGuard<'a, State> {
-        self.wake
-            .wait_timeout(state, d)
-            .unwrap_or_else(|p| p.into_inner())
-            .0
+        self.wake.wait_timeout(state, d)
     }
 
     fn renew(

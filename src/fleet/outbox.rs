@@ -11,9 +11,9 @@
 //! loads run locally) and queues its new writes behind the old ones; the subscriber thread
 //! replays the queue whenever it wakes and Redis answers.
 
+use crate::sync::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
 
 /// One write to replay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,8 +70,8 @@ impl Outbox {
         self.pending.load(Ordering::Acquire)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> crate::sync::MutexGuard<'_, Queue> {
+        self.queue.lock()
     }
 
     /// Queues `write` behind the others.

@@ -1,7 +1,9 @@
 //! The protocol's store on a real Redis: blocking connections for threads, a multiplexed
 //! async connection (tokio) for futures. Every operation is bounded by the tier's timeout.
 
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock};
+
+use crate::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
@@ -334,7 +336,7 @@ impl SyncStore {
         &self,
         f: impl Fn(&mut Connection) -> redis::RedisResult<T>,
     ) -> Result<T, StoreError> {
-        let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let pooled = self.idle.lock().pop();
         let (conn, r) = match pooled {
             Some(mut c) => match f(&mut c) {
                 Err(e) if e.is_connection_dropped() => {
@@ -352,7 +354,7 @@ impl SyncStore {
             }
         };
         let r = r.map_err(err)?;
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let mut idle = self.idle.lock();
         if idle.len() < POOL && conn.is_open() {
             idle.push(conn);
         }
@@ -462,7 +464,7 @@ impl AsyncStore {
     }
 
     async fn connection(&self) -> Result<MultiplexedConnection, StoreError> {
-        let cached = self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let cached = self.conn.lock().clone();
         if let Some(c) = cached {
             return Ok(c);
         }
@@ -477,7 +479,7 @@ impl AsyncStore {
         .await
         .map_err(timed_out)?
         .map_err(err)?;
-        *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(c.clone());
+        *self.conn.lock() = Some(c.clone());
         Ok(c)
     }
 
@@ -485,7 +487,7 @@ impl AsyncStore {
     /// dead (closed by the server while it idled) is replaced and the command runs again,
     /// once, on the new one (see `SyncStore::with`).
     async fn query<T: FromRedisValue + Send>(&self, cmd: Op) -> Result<T, StoreError> {
-        let cached = self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let cached = self.conn.lock().clone();
         if let Some(c) = cached {
             match self.query_on(c, &cmd).await {
                 Ok(v) => return Ok(v),
@@ -521,7 +523,7 @@ impl AsyncStore {
     }
 
     fn forget_connection(&self) {
-        *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.conn.lock() = None;
     }
 }
 
@@ -579,7 +581,7 @@ impl Store for AsyncStore {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let conn = self.conn.lock().clone();
         let Some(mut conn) = conn else {
             return; // no connection: the lock lapses, unrenewed, within two heartbeats
         };
