@@ -309,7 +309,7 @@ where
     {
         loop {
             let pinned = self.inner.pin();
-            let current = self.inner.find(hash, key, &pinned.guard);
+            let current = self.inner.find(hash, key, pinned.guard());
             let now = self.inner.once_now();
             let mut stale = None;
             let mut history = (0, 0);

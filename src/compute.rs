@@ -171,7 +171,7 @@ where
     {
         loop {
             let pinned = self.inner.pin();
-            let current = self.inner.find(hash, key, &pinned.guard);
+            let current = self.inner.find(hash, key, pinned.guard());
             let now = self.inner.once_now();
             let mut old = None;
             let mut history = (0, 0);

@@ -180,7 +180,7 @@ where
     pub fn retain(&self, mut keep: impl FnMut(&K, &V) -> bool) {
         let pinned = self.inner.pin();
         let now = self.inner.now();
-        for node in self.inner.nodes(&pinned.guard) {
+        for node in self.inner.nodes(pinned.guard()) {
             let Some(value) = node.value.live_value(|| now) else {
                 continue;
             };
@@ -224,7 +224,7 @@ where
     /// ```
     pub fn iter(&self) -> Iter<'_, K, V> {
         Iter {
-            nodes: self.cache.inner.nodes(&self.pinned.guard),
+            nodes: self.cache.inner.nodes(self.pinned.guard()),
             now: self.cache.inner.now(),
         }
     }

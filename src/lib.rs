@@ -403,10 +403,10 @@ struct ReadmeDoctests;
 pub type DefaultHashBuilder = foldhash::fast::RandomState;
 
 /// The lock-free table under the cache, exported only to the fuzz and loom crates (built with
-/// `--cfg fuzzing` or `--cfg herdcache_loom`): its methods trust the guard they are handed to
-/// belong to the table's collector, which safe code outside the cache could not be held to.
+/// `--cfg fuzzing` or `--cfg herdcache_loom`). Its methods take a guard that
+/// [`Table::verify`](raw::Table::verify) checked against the table's collector.
 #[doc(hidden)]
 #[cfg(any(fuzzing, herdcache_loom))]
 pub mod raw {
-    pub use crate::table::{Decision, Iter, Node, Outcome, Table};
+    pub use crate::table::{Decision, Iter, Node, Outcome, Table, VerifiedGuard};
 }

@@ -541,7 +541,7 @@ where
     {
         let pinned = self.inner.pin();
         let hash = self.inner.hash(key);
-        let current = self.inner.find(hash, key, &pinned.guard);
+        let current = self.inner.find(hash, key, pinned.guard());
         let Some(Kind::Loading(flight)) = current.map(|n| n.value.kind()) else {
             return false;
         };
@@ -687,7 +687,7 @@ where
     {
         loop {
             let pinned = self.inner.pin();
-            let current = self.inner.find(hash, key, &pinned.guard);
+            let current = self.inner.find(hash, key, pinned.guard());
             // What a load started now replaces: the previous value with its hard expiry, and
             // the previous entry's load-time estimate and refresh failures.
             let mut replaced: Option<(V, u64)> = None;

@@ -13,6 +13,8 @@ use std::sync::{Arc, Weak};
 
 use crossbeam_epoch::{Collector, Guard, LocalHandle};
 
+use crate::table::VerifiedGuard;
+
 use crate::stats::{Counter, CounterBlock, CounterRegistry};
 
 /// Identity and shared state of one cache's reclamation domain.
@@ -56,7 +58,7 @@ thread_local! {
 
 /// A pinned epoch plus where this thread's counters go, for one operation.
 pub(crate) struct Pinned<'a> {
-    pub(crate) guard: Guard,
+    guard: VerifiedGuard,
     counters: &'a CounterBlock,
     owned: bool,
 }
@@ -66,7 +68,13 @@ impl Pinned<'_> {
     /// nested pin of any guard this thread already holds for the cache, so it keeps what
     /// that guard protects alive as long as it lives. `None` for a one-off handle.
     pub(crate) fn into_nested_guard(self) -> Option<Guard> {
-        self.owned.then_some(self.guard)
+        self.owned.then(|| self.guard.into_inner())
+    }
+
+    /// The pinned guard, which the cache's table takes.
+    #[inline]
+    pub(crate) fn guard(&self) -> &VerifiedGuard {
+        &self.guard
     }
 
     /// Counts one event of kind `c`.
@@ -102,6 +110,11 @@ impl Domain {
         }
     }
 
+    /// The collector the cache's table retires its nodes on.
+    pub(crate) fn collector(&self) -> &Collector {
+        &self.collector
+    }
+
     pub(crate) fn counters(&self) -> &CounterRegistry {
         &self.counters
     }
@@ -135,7 +148,8 @@ impl Domain {
         // only with the domain, which outlives `&self`; only this loom thread uses this one.
         let guard = unsafe { &*handle }.pin();
         Pinned {
-            guard,
+            // SAFETY: pinned on this domain's collector, the one its table was built with.
+            guard: unsafe { VerifiedGuard::new_unchecked(guard) },
             counters: self.counters.shared(),
             owned: false,
         }
@@ -155,7 +169,9 @@ impl Domain {
         });
         match fast {
             Ok(Some((guard, block))) => Pinned {
-                guard,
+                // SAFETY: pinned through this thread's handle of this domain's collector,
+                // the one its table was built with.
+                guard: unsafe { VerifiedGuard::new_unchecked(guard) },
                 // SAFETY: `self.counters` holds an `Arc` to every block it handed out, so
                 // the block lives at least as long as `&self`.
                 counters: unsafe { &*block },
@@ -203,7 +219,8 @@ impl Domain {
         });
         match registered {
             Ok(Some((guard, block))) => Pinned {
-                guard,
+                // SAFETY: as in `pin`.
+                guard: unsafe { VerifiedGuard::new_unchecked(guard) },
                 // SAFETY: as in `pin`.
                 counters: unsafe { &*block },
                 owned: true,
@@ -214,7 +231,8 @@ impl Domain {
             _ => {
                 crate::sync::user_code_may_run("a one-off pin, which may collect retired entries");
                 Pinned {
-                    guard: self.collector.register().pin(),
+                    // SAFETY: as in `pin`, through a handle of its own.
+                    guard: unsafe { VerifiedGuard::new_unchecked(self.collector.register().pin()) },
                     counters: self.counters.shared(),
                     owned: false,
                 }

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use arbitrary::Arbitrary;
 use crossbeam_epoch::{Collector, Owned};
-use herdcache::raw::{Decision, Node, Outcome, Table};
+use herdcache::raw::{Decision, Node, Outcome, Table, VerifiedGuard};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
@@ -48,11 +48,11 @@ fuzz_target!(|input: Input| {
     };
     let collector = Collector::new();
     let handle = collector.register();
-    let table: Table<u16, u32> = Table::with_capacity(input.initial_capacity.into());
+    let table: Table<u16, u32> = Table::with_capacity(input.initial_capacity.into(), &collector);
     let mut model: HashMap<u16, u32> = HashMap::new();
     let mut guard = handle.pin();
 
-    let insert = |table: &Table<u16, u32>, guard: &crossbeam_epoch::Guard, k: u16, v: u32| {
+    let insert = |table: &Table<u16, u32>, guard: &VerifiedGuard, k: u16, v: u32| {
         table
             .insert(Owned::new(Node::new(hash(k), k, v)), |x| *x == k, guard)
             .map(|n| n.value)
@@ -62,22 +62,29 @@ fuzz_target!(|input: Input| {
         match op {
             Op::Insert(k, v) => {
                 assert_eq!(
-                    insert(&table, &guard, k, v),
+                    insert(&table, table.verify(&guard), k, v),
                     model.insert(k, v),
                     "insert {k}"
                 );
             }
             Op::Get(k) => {
-                let got = table.get(hash(k), |x| *x == k, &guard).map(|n| n.value);
+                let got = table
+                    .get(hash(k), |x| *x == k, table.verify(&guard))
+                    .map(|n| n.value);
                 assert_eq!(got, model.get(&k).copied(), "get {k}");
             }
             Op::Remove(k) => {
-                let got = table.remove(hash(k), |x| *x == k, &guard).map(|n| n.value);
+                let got = table
+                    .remove(hash(k), |x| *x == k, table.verify(&guard))
+                    .map(|n| n.value);
                 assert_eq!(got, model.remove(&k), "remove {k}");
             }
             Op::RemoveNode(k) => {
-                if let Some(node) = table.get(hash(k), |x| *x == k, &guard) {
-                    assert!(table.remove_node(node, &guard), "remove_node {k}");
+                if let Some(node) = table.get(hash(k), |x| *x == k, table.verify(&guard)) {
+                    assert!(
+                        table.remove_node(node, table.verify(&guard)),
+                        "remove_node {k}"
+                    );
                     assert!(model.remove(&k).is_some());
                 } else {
                     assert!(!model.contains_key(&k));
@@ -89,7 +96,13 @@ fuzz_target!(|input: Input| {
                     Some(_) => Decision::Keep,
                     None => Decision::Put,
                 };
-                match table.update(hash(k), |x| *x == k, Some(new), decide, &guard) {
+                match table.update(
+                    hash(k),
+                    |x| *x == k,
+                    Some(new),
+                    decide,
+                    table.verify(&guard),
+                ) {
                     Outcome::Inserted(n) => {
                         assert_eq!(n.value, v);
                         assert!(model.insert(k, v).is_none(), "inserted over {k}");
@@ -103,12 +116,18 @@ fuzz_target!(|input: Input| {
             Op::Fill(start, n) => {
                 for k in start..start.saturating_add(n.into()) {
                     let v = u32::from(k) ^ 0xA5A5;
-                    assert_eq!(insert(&table, &guard, k, v), model.insert(k, v), "fill {k}");
+                    assert_eq!(
+                        insert(&table, table.verify(&guard), k, v),
+                        model.insert(k, v),
+                        "fill {k}"
+                    );
                 }
             }
             Op::Drain(start, n) => {
                 for k in start..start.saturating_add(n.into()) {
-                    let got = table.remove(hash(k), |x| *x == k, &guard).map(|n| n.value);
+                    let got = table
+                        .remove(hash(k), |x| *x == k, table.verify(&guard))
+                        .map(|n| n.value);
                     assert_eq!(got, model.remove(&k), "drain {k}");
                 }
             }
@@ -122,7 +141,7 @@ fuzz_target!(|input: Input| {
 
     // Final full comparison, both ways.
     let mut seen: HashMap<u16, u32> = HashMap::new();
-    for node in table.iter(&guard) {
+    for node in table.iter(table.verify(&guard)) {
         assert!(
             seen.insert(node.key, node.value).is_none(),
             "key {} twice",
@@ -132,7 +151,9 @@ fuzz_target!(|input: Input| {
     assert_eq!(seen, model);
     for (k, v) in &model {
         assert_eq!(
-            table.get(hash(*k), |x| x == k, &guard).map(|n| n.value),
+            table
+                .get(hash(*k), |x| x == k, table.verify(&guard))
+                .map(|n| n.value),
             Some(*v)
         );
     }

@@ -34,23 +34,26 @@ fn put(t: &Table<u64, Pair>, h: &LocalHandle, k: u64, gen: u64) -> Option<u64> {
     t.insert(
         Owned::new(Node::new(hash(k), k, Pair::of(k, gen))),
         |x| *x == k,
-        &g,
+        t.verify(&g),
     )
     .map(|n| n.value.check(k))
 }
 
 fn get(t: &Table<u64, Pair>, h: &LocalHandle, k: u64) -> Option<u64> {
     let g = h.pin();
-    t.get(hash(k), |x| *x == k, &g).map(|n| n.value.check(k))
+    t.get(hash(k), |x| *x == k, t.verify(&g))
+        .map(|n| n.value.check(k))
 }
 
 fn remove(t: &Table<u64, Pair>, h: &LocalHandle, k: u64) -> Option<u64> {
     let g = h.pin();
-    t.remove(hash(k), |x| *x == k, &g).map(|n| n.value.check(k))
+    t.remove(hash(k), |x| *x == k, t.verify(&g))
+        .map(|n| n.value.check(k))
 }
 
 fn setup() -> (Arc<Table<u64, Pair>>, Collector) {
-    (Arc::new(Table::with_capacity(1)), Collector::new())
+    let c = Collector::new();
+    (Arc::new(Table::with_capacity(1, &c)), c)
 }
 
 /// A reader racing the first insert of a key sees nothing or the fully written value.
@@ -110,7 +113,7 @@ fn replace_is_atomic_for_readers() {
 fn nearly_full() -> (Arc<Table<u64, Pair>>, Collector, u64) {
     let (t, c) = setup();
     let h = c.register();
-    let slots = t.slot_count(&h.pin());
+    let slots = t.slot_count(t.verify(&h.pin()));
     let mut k = 100;
     while t.len() < slots - slots / 4 {
         put(&t, &h, k, 0);
@@ -129,7 +132,7 @@ fn migration_races_a_reader_and_a_writer() {
     builder.check(|| {
         let (t, c, next_key) = nearly_full();
         let h = c.register();
-        let slots_before = t.slot_count(&h.pin());
+        let slots_before = t.slot_count(t.verify(&h.pin()));
         let (t1, c1) = (Arc::clone(&t), c.clone());
         let grower = thread::spawn(move || {
             let h = c1.register();
@@ -147,7 +150,7 @@ fn migration_races_a_reader_and_a_writer() {
         assert_eq!(get(&t, &h, next_key), Some(1));
         assert_eq!(get(&t, &h, next_key + 1), Some(1));
         assert!(
-            t.slot_count(&h.pin()) > slots_before,
+            t.slot_count(t.verify(&h.pin())) > slots_before,
             "no migration happened"
         );
     });

@@ -164,7 +164,7 @@ where
             self.notify(old, cause);
         }
         self.sweep_after_write(now, pinned);
-        crate::table::flush_outgrown(&pinned.guard);
+        crate::table::flush_outgrown(pinned.guard());
     }
 
     /// The policy's look at a tracked entry, through its node: no user code runs under its
@@ -196,7 +196,7 @@ where
             let victim: &'g EntryNode<K, V> = unsafe { node_of::<K, V>(v.node) };
             // Never a load in progress: it may only carry the key's record, and is left to
             // finish (its value is then a new key).
-            if !victim.value.is_tracked() || !self.table.remove_node(victim, &pinned.guard) {
+            if !victim.value.is_tracked() || !self.table.remove_node(victim, pinned.guard()) {
                 continue;
             }
             let cause = if newest.is_some_and(|n| std::ptr::eq(victim, n)) {

@@ -23,7 +23,7 @@ use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
 
-use crossbeam_epoch::{Guard, Owned};
+use crossbeam_epoch::Owned;
 use crossbeam_utils::CachePadded;
 
 use crate::clock::OnceNow;
@@ -37,7 +37,7 @@ use crate::refresh::LoadRecord;
 use crate::removal::{Hooks, RemovalCause};
 use crate::settings::Settings;
 use crate::stats::{Counter, CounterRegistry};
-use crate::table::{self, Decision, Node, Outcome, Table};
+use crate::table::{self, Decision, Node, Outcome, Table, VerifiedGuard};
 
 /// The table's node type: a key with its entry.
 pub(crate) type EntryNode<K, V> = Node<K, Entry<V>>;
@@ -159,7 +159,7 @@ impl<K, V, S> Engine<K, V, S> {
     }
 
     /// The table's nodes, weakly consistent (see `Table::iter`).
-    pub(crate) fn nodes<'g>(&self, guard: &'g Guard) -> table::Iter<'g, K, Entry<V>> {
+    pub(crate) fn nodes<'g>(&self, guard: &'g VerifiedGuard) -> table::Iter<'g, K, Entry<V>> {
         self.table.iter(guard)
     }
 }
@@ -202,7 +202,8 @@ where
         };
         // A write at capacity replaces an entry: the table need not make room for more (a
         // weight is at least 1, so the capacity bounds the entries the policy tracks).
-        let table = Table::try_with_capacity(settings.initial_capacity)
+        let domain = Domain::new();
+        let table = Table::try_with_capacity(settings.initial_capacity, domain.collector())
             .map(|t| t.with_bound(settings.max_capacity))
             .ok_or(crate::BuildError::Invalid {
                 setting: "initial_capacity",
@@ -232,7 +233,7 @@ where
             ),
             capacity: std::sync::atomic::AtomicU64::new(settings.max_capacity as u64),
             settings,
-            domain: Domain::new(),
+            domain,
         })
     }
 
@@ -274,7 +275,7 @@ where
         &self,
         hash: u64,
         key: &Q,
-        guard: &'g Guard,
+        guard: &'g VerifiedGuard,
     ) -> Option<&'g EntryNode<K, V>>
     where
         K: Borrow<Q>,
@@ -290,7 +291,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let Some(node) = self.find(self.hash(key), key, &pinned.guard) else {
+        let Some(node) = self.find(self.hash(key), key, pinned.guard()) else {
             pinned.count(Counter::Misses);
             return None;
         };
@@ -340,7 +341,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.find(self.hash(key), key, &pinned.guard)
+        self.find(self.hash(key), key, pinned.guard())
             .and_then(|n| n.value.live_value(|| self.now()))
     }
 
@@ -377,7 +378,7 @@ where
     /// entry of the key, and admits it (which may evict others).
     pub(crate) fn insert(&self, key: K, value: V, ttl: Option<u64>, pinned: &Pinned<'_>) {
         let hash = self.hash(&key);
-        self.table.prefetch(hash, &pinned.guard);
+        self.table.prefetch(hash, pinned.guard());
         let weight = self.weight_of(&key, &value);
         let pkey = self.pkey(hash, &key);
         self.policy.prefetch(pkey);
@@ -395,7 +396,7 @@ where
             |k| k == unsafe { &*key_ptr },
             Some(node),
             |_| Decision::Put,
-            &pinned.guard,
+            pinned.guard(),
         );
         let write = match outcome {
             Outcome::Inserted(new) => {
@@ -454,7 +455,7 @@ where
             |k| k.borrow() == key,
             Some(node),
             decide,
-            &pinned.guard,
+            pinned.guard(),
         );
         match outcome {
             Outcome::Inserted(_) => true,
@@ -501,7 +502,7 @@ where
         };
         match self
             .table
-            .update_node(hash, ours, node, decide, &pinned.guard)
+            .update_node(hash, ours, node, decide, pinned.guard())
         {
             Outcome::Replaced(load, new) => {
                 let write = Unreported::new(&self.policy, Some(load), new, (pkey, weight));
@@ -555,7 +556,7 @@ where
     {
         let node = self
             .table
-            .remove(hash, |k| k.borrow() == key, &pinned.guard)?;
+            .remove(hash, |k| k.borrow() == key, pinned.guard())?;
         // Before the clock (user code) is read for `live`.
         self.forget_in_policy(node);
         let live = node.value.live_value(|| self.now());
@@ -571,7 +572,7 @@ where
         cause: RemovalCause,
         pinned: &Pinned<'_>,
     ) -> bool {
-        let gone = self.table.remove_node(node, &pinned.guard);
+        let gone = self.table.remove_node(node, pinned.guard());
         if gone {
             self.removed(node, cause, pinned);
         }
@@ -582,7 +583,7 @@ where
     pub(crate) fn clear(&self) -> u64 {
         let pinned = self.pin();
         let mut live = 0;
-        for node in self.table.iter(&pinned.guard) {
+        for node in self.table.iter(pinned.guard()) {
             // Read before the removal's bookkeeping, which may run the listener.
             let was_live = node.value.live_value(|| self.now()).is_some();
             if self.remove_node(node, RemovalCause::Invalidated, &pinned) {
@@ -599,7 +600,7 @@ where
     #[cfg(feature = "redis")]
     pub(crate) fn remove_by_pkey(&self, pkey: u64) -> bool {
         let pinned = self.pin();
-        let guard = &pinned.guard;
+        let guard = pinned.guard();
         let table = &self.table;
         let removed = self.policy.with(self.shard_of(pkey), |p| {
             // The record whose node the table holds, taken out here.
@@ -642,7 +643,7 @@ where
             .filter_map(|r| {
                 // Found again by address: only a node the table holds may be read now.
                 let node =
-                    table.get_node(r.hash, |n| admit::tracked(n) == r.node, &pinned.guard)?;
+                    table.get_node(r.hash, |n| admit::tracked(n) == r.node, pinned.guard())?;
                 node.value.live_value(|| now)?;
                 Some(node.key.clone())
             })

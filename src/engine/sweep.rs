@@ -31,7 +31,7 @@ where
     /// how many.
     pub(crate) fn purge_expired(&self) -> u64 {
         let pinned = self.pin();
-        let nodes = self.table.iter(&pinned.guard);
+        let nodes = self.table.iter(pinned.guard());
         self.remove_expired_among(nodes, 0, self.now(), &pinned)
     }
 
@@ -53,7 +53,7 @@ where
             return;
         }
         let start = (write / SWEEP_EVERY).wrapping_mul(SWEEP_SLOTS);
-        let nodes = self.table.iter_slots(start, SWEEP_SLOTS, &pinned.guard);
+        let nodes = self.table.iter_slots(start, SWEEP_SLOTS, pinned.guard());
         self.remove_expired_among(nodes, self.settings.max_stale, now.get(), pinned);
     }
 
@@ -97,7 +97,7 @@ where
             // has retired enough others: they may be large, and their key may not be read
             // again.
             crate::sync::user_code_may_run("a flush of retired entries");
-            pinned.guard.flush();
+            pinned.guard().flush();
         }
         removed
     }

@@ -30,16 +30,18 @@
 //! user code).
 
 mod array;
+mod guard;
 mod node;
 mod pool;
 mod probe;
 
+pub use guard::VerifiedGuard;
 pub use node::Node;
 
 use std::cell::Cell;
 use std::marker::PhantomData;
 
-use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
+use crossbeam_epoch::{Atomic, Collector, Guard, Owned, Shared};
 use crossbeam_utils::CachePadded;
 
 #[cfg(test)]
@@ -79,10 +81,12 @@ pub enum Outcome<'g, K, V> {
 
 /// A lock-free hash table of [`Node`]s keyed by precomputed hashes.
 ///
-/// All methods take the guard of one crossbeam-epoch collector; mixing collectors on one
-/// table is a logic error (nodes could be freed while another collector's guard reads them).
+/// Its operations take a [`VerifiedGuard`]: a guard pinned on the collector the table was
+/// built with, on which it retires the nodes it replaces or removes.
 pub struct Table<K, V> {
     root: Atomic<SlotArray<K, V>>,
+    /// The collector whose guards the table takes.
+    collector: Collector,
     /// Live entries across the table. On a line of its own, away from `root`, which every
     /// read loads: inserts of new keys and removals change it.
     len: CachePadded<AtomicUsize>,
@@ -128,18 +132,21 @@ pub(crate) fn flush_outgrown(guard: &Guard) {
 }
 
 impl<K, V> Table<K, V> {
-    /// An empty table sized for about `capacity` entries before its first resize.
+    /// An empty table sized for about `capacity` entries before its first resize, taking
+    /// guards of `collector`.
     #[cfg(any(test, fuzzing, herdcache_loom))]
-    pub fn with_capacity(capacity: usize) -> Self {
-        Self::try_with_capacity(capacity).expect("herdcache: out of memory for the table")
+    pub fn with_capacity(capacity: usize, collector: &Collector) -> Self {
+        Self::try_with_capacity(capacity, collector)
+            .expect("herdcache: out of memory for the table")
     }
 
     /// Like [`with_capacity`](Self::with_capacity), or `None` if the slots cannot be
     /// allocated.
-    pub fn try_with_capacity(capacity: usize) -> Option<Self> {
+    pub fn try_with_capacity(capacity: usize, collector: &Collector) -> Option<Self> {
         let array = SlotArray::try_new(SlotArray::<K, V>::initial_size(capacity))?;
         Some(Table {
             root: Atomic::new(array),
+            collector: collector.clone(),
             len: CachePadded::new(AtomicUsize::new(0)),
             bound: AtomicUsize::new(usize::MAX),
             _marker: PhantomData,
@@ -160,6 +167,25 @@ impl<K, V> Table<K, V> {
         self.bound.store(bound, Ordering::Relaxed);
     }
 
+    /// `guard` as one this table takes.
+    ///
+    /// # Panics
+    /// If `guard` was not pinned on the collector the table was built with.
+    #[cfg(any(test, fuzzing, herdcache_loom))]
+    pub fn verify<'g>(&self, guard: &'g Guard) -> &'g VerifiedGuard {
+        assert!(
+            self.owns(guard),
+            "herdcache: a guard of another collector handed to a table"
+        );
+        // SAFETY: checked just above.
+        unsafe { VerifiedGuard::from_ref_unchecked(guard) }
+    }
+
+    /// Whether `guard` is pinned on this table's collector.
+    fn owns(&self, guard: &Guard) -> bool {
+        guard.collector() == Some(&self.collector)
+    }
+
     /// Live entries (exact when no write is in progress).
     #[inline]
     pub fn len(&self) -> usize {
@@ -168,14 +194,15 @@ impl<K, V> Table<K, V> {
 
     /// Number of slots of the newest array (for tests).
     #[cfg(any(test, fuzzing, herdcache_loom))]
-    pub fn slot_count(&self, guard: &Guard) -> usize {
+    pub fn slot_count(&self, guard: &VerifiedGuard) -> usize {
         self.newest(guard).len()
     }
 
     /// The newest array whose contents are authoritative: the root, or the target of a
     /// completed migration out of it.
     #[inline]
-    fn newest<'g>(&self, guard: &'g Guard) -> &'g SlotArray<K, V> {
+    fn newest<'g>(&self, guard: &'g VerifiedGuard) -> &'g SlotArray<K, V> {
+        debug_assert!(self.owns(guard), "a guard of another collector");
         let mut array = self.root.load(Ordering::Acquire, guard);
         loop {
             // SAFETY: arrays are retired only after being unlinked from `root` (and from every
@@ -197,7 +224,7 @@ impl<K, V> Table<K, V> {
         &self,
         hash: u64,
         mut eq: impl FnMut(&K) -> bool,
-        guard: &'g Guard,
+        guard: &'g VerifiedGuard,
     ) -> Option<&'g Node<K, V>> {
         self.get_node(hash, |n| eq(&n.key), guard)
     }
@@ -210,7 +237,7 @@ impl<K, V> Table<K, V> {
         &self,
         hash: u64,
         mut eq: impl FnMut(&Node<K, V>) -> bool,
-        guard: &'g Guard,
+        guard: &'g VerifiedGuard,
     ) -> Option<&'g Node<K, V>> {
         let tag = tag_of(hash);
         let mut array = self.root.load(Ordering::Acquire, guard);
@@ -236,7 +263,7 @@ impl<K, V> Table<K, V> {
         &self,
         node: Owned<Node<K, V>>,
         eq: impl FnMut(&K) -> bool,
-        guard: &'g Guard,
+        guard: &'g VerifiedGuard,
     ) -> Option<&'g Node<K, V>> {
         match self.update(node.hash, eq, Some(node), |_| Decision::Put, guard) {
             Outcome::Inserted(_) => None,
@@ -250,7 +277,7 @@ impl<K, V> Table<K, V> {
         &self,
         hash: u64,
         eq: impl FnMut(&K) -> bool,
-        guard: &'g Guard,
+        guard: &'g VerifiedGuard,
     ) -> Option<&'g Node<K, V>> {
         let decide = |cur: Option<&Node<K, V>>| match cur {
             Some(_) => Decision::Remove,
@@ -265,7 +292,7 @@ impl<K, V> Table<K, V> {
     /// Removes `target` if it is still its key's current node. Identity is by address, which
     /// is sound because the caller has held `guard` since it read `target` (so the address
     /// cannot have been reused); no `Eq` of the key runs.
-    pub fn remove_node<'g>(&self, target: &'g Node<K, V>, guard: &'g Guard) -> bool {
+    pub fn remove_node<'g>(&self, target: &'g Node<K, V>, guard: &'g VerifiedGuard) -> bool {
         let outcome = self.update_node(
             target.hash,
             |n| std::ptr::eq(n, target),
@@ -282,7 +309,7 @@ impl<K, V> Table<K, V> {
     /// Starts loading the home slot of `hash` (its tag byte and its pointer) in the newest
     /// array, for a write about to look there (see `prefetch.rs`).
     #[inline]
-    pub fn prefetch(&self, hash: u64, guard: &Guard) {
+    pub fn prefetch(&self, hash: u64, guard: &VerifiedGuard) {
         let array = self.root.load(Ordering::Acquire, guard);
         // SAFETY: see `newest`.
         let a = unsafe { array.deref() };
@@ -302,7 +329,7 @@ impl<K, V> Table<K, V> {
         mut eq: impl FnMut(&K) -> bool,
         new: Option<Owned<Node<K, V>>>,
         decide: impl FnMut(Option<&'g Node<K, V>>) -> Decision,
-        guard: &'g Guard,
+        guard: &'g VerifiedGuard,
     ) -> Outcome<'g, K, V> {
         self.update_node(hash, |n| eq(&n.key), new, decide, guard)
     }
@@ -317,7 +344,7 @@ impl<K, V> Table<K, V> {
         mut eq: impl FnMut(&Node<K, V>) -> bool,
         new: Option<Owned<Node<K, V>>>,
         mut decide: impl FnMut(Option<&'g Node<K, V>>) -> Decision,
-        guard: &'g Guard,
+        guard: &'g VerifiedGuard,
     ) -> Outcome<'g, K, V> {
         let tag = tag_of(hash);
         let mut new = new;
@@ -460,7 +487,7 @@ impl<K, V> Table<K, V> {
     fn help_migration<'g>(
         &self,
         array: Shared<'g, SlotArray<K, V>>,
-        guard: &'g Guard,
+        guard: &'g VerifiedGuard,
     ) -> Option<Shared<'g, SlotArray<K, V>>> {
         // SAFETY: see `newest`.
         let a = unsafe { array.deref() };
@@ -513,7 +540,7 @@ impl<K, V> Table<K, V> {
 
     /// Links a new array to `array` (sized for the live entries) unless one is linked
     /// already, then helps the migration.
-    fn start_or_help<'g>(&self, array: Shared<'g, SlotArray<K, V>>, guard: &'g Guard) {
+    fn start_or_help<'g>(&self, array: Shared<'g, SlotArray<K, V>>, guard: &'g VerifiedGuard) {
         // SAFETY: see `newest`.
         let a = unsafe { array.deref() };
         if a.next.load(Ordering::Acquire, guard).is_null() {
@@ -599,7 +626,7 @@ impl<K, V> Table<K, V> {
 impl<K, V> Table<K, V> {
     /// Iterates over the live nodes. Weakly consistent: every node live for the whole
     /// iteration is yielded once; nodes inserted or removed meanwhile may or may not be.
-    pub fn iter<'g>(&self, guard: &'g Guard) -> Iter<'g, K, V> {
+    pub fn iter<'g>(&self, guard: &'g VerifiedGuard) -> Iter<'g, K, V> {
         let array = self.newest(guard);
         Iter {
             array,
@@ -612,7 +639,12 @@ impl<K, V> Table<K, V> {
     /// Iterates over the live nodes of at most `count` slots from slot `start` (taken modulo
     /// the slot count, so a cursor that only grows walks the whole table in turn), weakly
     /// consistent as [`iter`](Self::iter).
-    pub fn iter_slots<'g>(&self, start: usize, count: usize, guard: &'g Guard) -> Iter<'g, K, V> {
+    pub fn iter_slots<'g>(
+        &self,
+        start: usize,
+        count: usize,
+        guard: &'g VerifiedGuard,
+    ) -> Iter<'g, K, V> {
         let array = self.newest(guard);
         let index = start & array.mask;
         Iter {
@@ -630,7 +662,7 @@ pub struct Iter<'g, K, V> {
     array: &'g SlotArray<K, V>,
     index: usize,
     end: usize,
-    guard: &'g Guard,
+    guard: &'g VerifiedGuard,
 }
 
 impl<K, V> std::fmt::Debug for SlotArray<K, V> {
