@@ -7,7 +7,8 @@
 //! key's waiters (whoever they are: single-key callers that joined the batch's flight
 //! included), an error reaches every waiter of every key of the batch, a panic gives them
 //! `Panicked`, and a key the batch did not return is left to its waiters, which look again.
-//! The miss path's waits are the driver's (`miss.rs`), so threads and futures share it.
+//! The miss path's waits are the driver's (`engine/lifecycle.rs`), so threads and futures
+//! share it.
 
 use std::borrow::Borrow;
 use std::collections::{HashMap, HashSet};
@@ -19,10 +20,10 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use crate::cache::Cache;
+use crate::engine::lifecycle::{Joined, Lead, PermitWait, ThreadWaits, Waits};
 use crate::entry::Kind;
 use crate::flight::{Flight, FlightResult, Start};
-use crate::load::{Joined, Lead, LoadError};
-use crate::miss::{PermitWait, ThreadWaits, Waits};
+use crate::load::LoadError;
 use crate::pacing::Permit;
 use crate::stats::Counter;
 
@@ -233,7 +234,7 @@ where
                     return Err(LoadError::Recursive);
                 }
                 self.inner.pin().count(Counter::CoalescedWaits);
-                match self.await_flight(q, hash, &flight, waits).await {
+                match self.inner.await_flight(q, hash, &flight, waits).await {
                     Joined::Done(Ok(v)) => {
                         out.insert(q.to_owned(), v);
                     }
@@ -274,7 +275,7 @@ where
                     match found.remove(&lead.key) {
                         Some(v) => {
                             let key = lead.key.clone();
-                            if let Ok(v) = Self::conclude_with::<E>(lead, started, Ok(v)) {
+                            if let Ok(v) = lead.conclude_batch::<E>(started, Ok(v)) {
                                 out.insert(key, v);
                             }
                         }
@@ -286,7 +287,7 @@ where
             Err(e) => {
                 let e = Arc::new(e);
                 for lead in leads.drain(..) {
-                    let _ = Self::conclude_with(lead, started, Err(Arc::clone(&e)));
+                    let _ = lead.conclude_batch(started, Err(Arc::clone(&e)));
                 }
                 Err(LoadError::Failed(e))
             }
@@ -348,7 +349,10 @@ where
                 deadline: *deadline,
                 permit: permit.take(),
             }));
-            match self.install_lead(key, hash, current, flight, false, &pinned) {
+            match self
+                .inner
+                .install_lead(key, hash, current, flight, false, &pinned)
+            {
                 Ok(lead) => {
                     pinned.count(Counter::Loads);
                     return Look::Lead(lead);

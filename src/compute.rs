@@ -15,9 +15,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::cache::Cache;
+use crate::engine::lifecycle::Lead;
 use crate::entry::Kind;
 use crate::flight::{Flight, FlightResult, Start};
-use crate::load::Lead;
 use crate::removal::RemovalCause;
 use crate::stats::Counter;
 
@@ -122,7 +122,7 @@ where
                     // Whatever the load's outcome, the key is settled when it ends; past its
                     // deadline it is detached, as its waiters would.
                     if flight.wait(flight.deadline()).is_none() && flight.overdue(Instant::now()) {
-                        self.time_out(key, hash, &flight);
+                        self.inner.time_out(key, hash, &flight);
                     }
                 }
             }
@@ -131,7 +131,7 @@ where
         match (f(old.as_ref()), old) {
             (Compute::Put(new), old) => {
                 let started = self.inner.now();
-                let put = Self::conclude(lead, started, Ok::<V, std::convert::Infallible>(new));
+                let put = lead.conclude(started, Ok::<V, std::convert::Infallible>(new));
                 let new = put.unwrap_or_else(|never| match never {
                     crate::LoadError::Failed(e) => match *e {},
                     _ => unreachable!("a value that was put is the result"),
@@ -204,7 +204,10 @@ where
                     .and_then(|t| Instant::now().checked_add(t)),
                 permit: None,
             }));
-            match self.install_lead(key, hash, current, flight, refresh, &pinned) {
+            match self
+                .inner
+                .install_lead(key, hash, current, flight, refresh, &pinned)
+            {
                 Ok(mut lead) => {
                     lead.load = false;
                     return Begin::Lead(lead, value);

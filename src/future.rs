@@ -1,6 +1,6 @@
-//! The miss path for futures: the same driver as the threads' (`miss.rs`), with waits that
-//! yield to the executor (a waker registered on the flight, see `flight.rs`, or in the
-//! limiter's queue) instead of parking a thread. Threads and futures meet on one flight per
+//! The miss path for futures: the same driver as the threads' (`engine/lifecycle.rs`), with
+//! waits that yield to the executor (a waker registered on the flight, see `flight.rs`, or
+//! in the limiter's queue) instead of parking a thread. Threads and futures meet on one flight per
 //! key, so sync and async callers of a key share one load.
 //!
 //! # Cancellation
@@ -27,9 +27,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use crate::cache::Cache;
+use crate::engine::lifecycle::{Begin, Joined, Lead, PermitWait, Waits};
 use crate::flight::{Flight, FlightResult, Subscription};
-use crate::load::{Absent, Begin, Joined, Lead, LoadError};
-use crate::miss::{PermitWait, Waits};
+use crate::load::{Absent, LoadError};
 use crate::pacing::{Limiter, Queued};
 use crate::sync::{AtomicBool, Ordering};
 use crate::timer::{OrDeadline, Sleep};
@@ -417,7 +417,7 @@ where
         if start == Start::Queued && lead.stale_before_start() {
             return lead.time_out();
         }
-        let started = lead.cache.inner.now();
+        let started = lead.engine.now();
         // The load's own deadline: past it, the loader future is dropped (at the end of this
         // block, before the flight is detached), or, to the end, the flight is detached and
         // the loader future goes on for this caller alone.
@@ -431,11 +431,10 @@ where
                 flight: &lead.flight,
             };
             #[cfg(feature = "redis")]
-            let tier = match lead.cache.inner.shared() {
+            let tier = match lead.engine.shared() {
                 Some(tier) if !on_tokio() => {
                     // Not silently: counted, and logged once per tier.
-                    lead.cache
-                        .inner
+                    lead.engine
                         .pin()
                         .count(crate::stats::Counter::SharedSkipped);
                     tier.skipped_off_tokio();
@@ -448,7 +447,7 @@ where
             match tier {
                 #[cfg(feature = "redis")]
                 Some(tier) => {
-                    let count = lead.cache.inner.counting();
+                    let count = lead.engine.counting();
                     let fetched =
                         pin!(tier.load_async(&lead.key, lead.shared_plan(), &count, load));
                     lead.until_deadline(fetched, sleep, to_the_end)
@@ -464,9 +463,9 @@ where
             }
         };
         match outcome {
-            Some(Settled::Local(result)) => Self::conclude(lead, started, result),
+            Some(Settled::Local(result)) => lead.conclude(started, result),
             #[cfg(feature = "redis")]
-            Some(Settled::Shared(fetched)) => Self::conclude_shared(lead, started, fetched),
+            Some(Settled::Shared(fetched)) => lead.conclude_from_tier(started, fetched),
             None => lead.time_out(),
         }
     }
@@ -491,9 +490,9 @@ where
         let hash = self.inner.hash(key);
         let deadline = pin!(deadline);
         let mut waits = FutureWaits::new(deadline);
-        let begin = match self.first_look(key, hash) {
+        let begin = match self.inner.first_look(key, hash) {
             Ok(begin) => begin,
-            Err(wait) => self.drive(key, hash, wait, &mut waits).await,
+            Err(wait) => self.inner.drive(key, hash, wait, &mut waits).await,
         };
         let lead = match begin {
             Begin::Done(r) => return r,
@@ -506,7 +505,11 @@ where
                 current: Some(v), ..
             } => Ok(v),
             Handoff::Spawned { flight, .. } => {
-                match self.await_flight(key, hash, &flight, &mut waits).await {
+                match self
+                    .inner
+                    .await_flight(key, hash, &flight, &mut waits)
+                    .await
+                {
                     Joined::Done(r) => r,
                     // Our own task was dropped unfinished (the only way our load retries);
                     // its loader went with it.
@@ -557,7 +560,7 @@ impl<V, D: Future<Output = ()>> Waits<V> for FutureWaits<'_, D> {
 
     async fn permit(&mut self, limiter: &Arc<Limiter>) -> PermitWait {
         if self.permit_by.is_none() {
-            self.permit_by = crate::miss::permit_deadline(limiter);
+            self.permit_by = crate::engine::lifecycle::permit_deadline(limiter);
         }
         Acquiring {
             limiter,
@@ -585,7 +588,7 @@ enum Start {
     /// At once; at the deadline the flight is detached and the loader future goes on for
     /// its own caller (who must have a value: `get_with_async`).
     NowToTheEnd,
-    /// When a spawner runs the task, perhaps past the load's deadline (see `run_lead`).
+    /// When a spawner runs the task, perhaps past the load's deadline (see `Lead::run`).
     Queued,
 }
 
@@ -608,7 +611,7 @@ where
         match (&mut timed).await {
             Some(v) => Some(v),
             None if to_the_end => {
-                self.cache.time_out(&self.key, self.hash(), &self.flight);
+                self.engine.time_out(&self.key, self.hash(), &self.flight);
                 Some(timed.inner.await)
             }
             None => None,

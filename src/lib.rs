@@ -359,7 +359,6 @@ mod load;
 mod local;
 #[cfg(feature = "metrics")]
 mod metrics;
-mod miss;
 mod pacing;
 mod policy;
 mod prefetch;

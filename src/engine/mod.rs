@@ -7,6 +7,8 @@
 //! - this file: construction, lookups and hits, writes, a load's install and end (the miss
 //!   path's writes), removals and walks;
 //! - `admit.rs`: what the policy hears of each write and removal, and the evictions it names;
+//! - `lifecycle.rs`: a load's lifecycle: the look at a key, the driver that waits, the
+//!   lead that ends a load with its result, detaching a load past its deadline;
 //! - `sweep.rs`: proactive expiry;
 //! - `fleet.rs` (feature `redis`): writes through the shared tier, and what its subscriber
 //!   hears.
@@ -16,6 +18,7 @@ mod admit;
 use admit::Unreported;
 #[cfg(feature = "redis")]
 mod fleet;
+pub(crate) mod lifecycle;
 mod sweep;
 
 use std::borrow::Borrow;
