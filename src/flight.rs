@@ -279,7 +279,8 @@ impl<V> Flight<V> {
         // SAFETY: the caller's claim makes it the only writer, and no reader reads before
         // the close below.
         self.result.with_mut(|r| unsafe { *r = Some(result) });
-        // AcqRel: Release publishes the result; Acquire makes the pushed nodes' fields visible.
+        // AcqRel: Release publishes the result to the Acquire load in `is_complete`; Acquire
+        // pairs with the Release CAS in `push`, so the pushed nodes' fields are visible.
         let mut node = self.waiters.swap(closed(), Ordering::AcqRel);
         debug_assert_ne!(node, closed(), "flight completed twice");
         while !node.is_null() {
@@ -287,8 +288,9 @@ impl<V> Flight<V> {
             // we took the whole stack, so we own those references now.
             let waiter = unsafe { Arc::from_raw(node as *const Waiter) };
             node = waiter.next as *mut Waiter;
-            // Release: the waiter that sees NOTIFIED sees the result (already ordered by the
-            // swap above; this keeps the argument local). A waiter that abandoned is gone.
+            // Release pairs with the Acquire state loads in `wait` and `poll_result`: a waiter
+            // that sees NOTIFIED then finds the stack CLOSED in `result`, so the result is
+            // readable. A waiter that abandoned is gone.
             if waiter
                 .state
                 .compare_exchange(WAITING, NOTIFIED, Ordering::AcqRel, Ordering::Acquire)
@@ -322,6 +324,8 @@ impl<V> Flight<V> {
     /// returns whether it did.
     fn push(&self, node: &Arc<Waiter>) -> bool {
         let raw = Arc::into_raw(Arc::clone(node)) as *mut Waiter;
+        // Acquire pairs with the swap in `publish`; the head is never dereferenced here, and a
+        // caller that finds it CLOSED reads the result through `result`, which loads it again.
         let mut head = self.waiters.load(Ordering::Acquire);
         loop {
             if head == closed() {
@@ -331,7 +335,8 @@ impl<V> Flight<V> {
             }
             // SAFETY: `raw` is unpublished, so we are its only accessor.
             unsafe { (*raw).next = head };
-            // Release publishes `next`; on failure, Acquire reads the new head.
+            // Release pairs with the Acquire swap in `publish`, which reads the node's `next`
+            // and fields; on failure, Acquire reads the new head (as the load above).
             match self.waiters.compare_exchange_weak(
                 head,
                 raw,
@@ -376,6 +381,7 @@ impl<V> Flight<V> {
                 _ => *w = Some(cx.waker().clone()),
             }
         }
+        // Acquire as above, now that the waker is stored (see the module docs).
         if sub.0.state.load(Ordering::Acquire) == NOTIFIED {
             return Poll::Ready(self.result().expect("notified after completion"));
         }
@@ -432,6 +438,8 @@ impl<V> Flight<V> {
                     // loom has no time: there, a waiter with a deadline gives up at its first
                     // check, which loom places at every point relative to the completion.
                     if now >= d || cfg!(herdcache_loom) {
+                        // Pairs with the CAS to NOTIFIED in `publish`, which then skips this
+                        // node; on failure (NOTIFIED), Acquire makes the result readable.
                         let left = node.state.compare_exchange(
                             WAITING,
                             ABANDONED,
@@ -458,6 +466,8 @@ impl<V> Drop for Flight<V> {
     fn drop(&mut self) {
         // A flight is always completed before its last reference goes; if it was not (a bug),
         // free the nodes anyway rather than leak them.
+        // Acquire pairs with the Release CAS in `push`, which `&mut self` already orders
+        // before this load.
         let mut node = self.waiters.load(Ordering::Acquire);
         if node == closed() {
             return;

@@ -340,6 +340,7 @@ impl CounterBlock {
     }
 
     fn try_claim(&self) -> bool {
+        // Acquire pairs with the Release store in `release`: we see the last owner's counts.
         self.in_use
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
@@ -412,6 +413,7 @@ impl CounterRegistry {
     }
 
     fn blocks(&self) -> impl Iterator<Item = &Arc<CounterBlock>> {
+        // Acquire pairs with the Release CAS in `claim` that published each link.
         let mut p = self.head.load(Ordering::Acquire);
         std::iter::from_fn(move || {
             // SAFETY: published links are never freed before the registry drops, and their

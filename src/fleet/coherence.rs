@@ -96,6 +96,8 @@ impl Coherence {
 
     /// Whether the link is up: what this instance installs now will hear of later writes.
     pub(crate) fn link_up(&self) -> bool {
+        // Pairs with the bump in `set_link`. Nothing is read through it: a load that acts on
+        // an answer gone stale is caught by `changed_since`, which reads `link` again.
         self.link.load(Ordering::SeqCst) % 2 == 0
     }
 
@@ -103,13 +105,19 @@ impl Coherence {
     pub(crate) fn set_link(&self, up: bool) {
         let is_up = self.link_up();
         if is_up != up {
+            // The bump and the fence pair with the fence and `link` load in `changed_since`,
+            // as in `heard_key`: a load misses a loss's bump only if what it installed is
+            // before the fence, where the LinkLost clear (engine/fleet.rs `heard`) finds it.
             self.link.fetch_add(1, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
         }
     }
 
     /// Recorded by a load before it reads the tier.
     pub(crate) fn before_load(&self, pkey: u64) -> Seen {
         let slot = Self::slot(pkey);
+        // These loads pair with the bumps in `heard_key`, `heard_all` and `set_link`; at least
+        // Acquire, so that the tier is read after this snapshot, never before it.
         Seen {
             slot,
             heard: self.heard[slot].load(Ordering::SeqCst),
@@ -123,6 +131,7 @@ impl Coherence {
     pub(crate) fn changed_since(&self, seen: Seen) -> bool {
         // Pairs with the fence in `heard_key`: either this load reads the bump, or the
         // handler's removal (after its bump) finds the entry installed before this fence.
+        // The `link` load pairs likewise with the bump in `set_link`.
         fence(Ordering::SeqCst);
         self.heard[seen.slot].load(Ordering::SeqCst) != seen.heard
             || self.link.load(Ordering::SeqCst) != seen.link
@@ -130,6 +139,9 @@ impl Coherence {
 
     /// A write of the key was heard: bump its slot, before dropping the local copy.
     pub(crate) fn heard_key(&self, pkey: u64) {
+        // The bump and the fence pair with the fence and `heard` load in `changed_since`:
+        // either that load reads this bump, or the removal after this fence (engine/fleet.rs
+        // `heard`) finds what the load installed.
         self.heard[Self::slot(pkey)].fetch_add(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
     }
@@ -138,11 +150,13 @@ impl Coherence {
     /// instance's loads of the key in flight drop what they read before it.
     pub(crate) fn begin_write(&self, pkey: u64) -> OwnWrite<'_> {
         let slot = Self::slot(pkey);
+        // Read by an overlapping own write's `may_keep`, as `ended` is (see there).
         self.writing[slot].fetch_add(1, Ordering::SeqCst);
         self.heard_key(pkey);
         OwnWrite {
             coherence: self,
             slot,
+            // Pairs with the `ended` bump in `OwnWrite::drop`: what `may_keep` compares with.
             ended: self.ended[slot].load(Ordering::SeqCst),
             seen: self.before_load(pkey),
         }
@@ -150,6 +164,7 @@ impl Coherence {
 
     /// Every slot moves (an `invalidate_all` heard).
     pub(crate) fn heard_all(&self) {
+        // As in `heard_key`: the bumps and the fence pair with the fence in `changed_since`.
         for h in self.heard.iter() {
             h.fetch_add(1, Ordering::SeqCst);
         }
@@ -205,6 +220,8 @@ impl OwnWrite<'_> {
     /// `writing` before `ended` misses neither).
     pub(crate) fn may_keep(self) -> bool {
         let c = self.coherence;
+        // The loads pair with an overlapping write's bumps in `begin_write` and `drop`; `drop`
+        // moves `ended` before `writing`, so seeing `writing` drop means seeing `ended` move.
         !(c.changed_since(self.seen)
             || c.writing[self.slot].load(Ordering::SeqCst) > 1
             || c.ended[self.slot].load(Ordering::SeqCst) != self.ended)
@@ -214,6 +231,7 @@ impl OwnWrite<'_> {
 impl Drop for OwnWrite<'_> {
     fn drop(&mut self) {
         let c = self.coherence;
+        // `ended` before `writing`, for the loads in `may_keep` (see there).
         c.ended[self.slot].fetch_add(1, Ordering::SeqCst);
         c.writing[self.slot].fetch_sub(1, Ordering::SeqCst);
     }

@@ -65,8 +65,8 @@ impl Outbox {
     /// Whether writes wait to be replayed: then the tier is not read, and new writes queue
     /// behind them.
     pub(crate) fn pending(&self) -> bool {
-        // Acquire pairs with the Release stores under the lock: a load that sees the queue
-        // empty sees the replays that emptied it done.
+        // Acquire pairs with the Release stores under the lock (`defer`, `replay`): a load
+        // that sees the queue empty sees the replays that emptied it done.
         self.pending.load(Ordering::Acquire)
     }
 
@@ -92,6 +92,8 @@ impl Outbox {
             q.writes.push_back(write);
             Sent::Deferred
         };
+        // Release pairs with the Acquire load in `pending`; a caller that sees true reads
+        // nothing through it before it queues here, under the lock.
         self.pending.store(true, Ordering::Release);
         sent
     }
@@ -128,6 +130,8 @@ impl Outbox {
                 q.writes.pop_front();
             }
             if q.writes.is_empty() && !q.overflowed {
+                // Release pairs with the Acquire load in `pending`: who sees the queue empty
+                // sees these replays done.
                 self.pending.store(false, Ordering::Release);
             }
         }

@@ -147,6 +147,8 @@ fn op() -> impl Strategy<Value = Op> {
 struct Sim {
     store: &'static Memory,
     hooks: &'static Counts,
+    /// The source's version. One thread runs the whole sim (`Rc`, `Cell`), so the SeqCst
+    /// of its accesses pairs with nothing: any ordering would do.
     source: &'static AtomicU64,
     /// The version of the last completed write (invalidate or insert).
     last_write: u64,
@@ -218,7 +220,7 @@ impl Sim {
         };
         let seen = load.seen;
         inst.load = None;
-        // The cache's `conclude_at` then `recheck`.
+        // The cache's `conclude_keeping` then `recheck`.
         match out {
             Outcome::Shared(v, _) | Outcome::Loaded(Ok(v)) => inst.local = Some(v),
             Outcome::Refused(_) => {}

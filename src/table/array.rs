@@ -138,11 +138,13 @@ impl<K, V> SlotArray<K, V> {
             // SAFETY: `i <= mask`, and both boxes hold `mask + 1` elements.
             let (tag_slot, slot) =
                 unsafe { (self.tags.get_unchecked(i), self.slots.get_unchecked(i)) };
-            // Acquire pairs with the Release tag store after a claim: seeing the tag means
-            // seeing the slot's claim.
+            // Acquire pairs with the Release tag store after a claim (`Table::update_node`,
+            // `place_copy`): seeing the tag means seeing the slot's claim.
             let t = tag_slot.load(Ordering::Acquire);
             if t == tag || t == TAG_EMPTY {
-                // Acquire pairs with the Release CAS that published the node.
+                // Acquire pairs with the Release CAS that published the node (a claim or
+                // replace in `Table::update_node`, or `place_copy`), also through a freeze,
+                // an RMW, which continues that CAS's release sequence.
                 let p = slot.load(Ordering::Acquire, guard);
                 // SAFETY: a non-null slot pointer is a node that is not yet reclaimed: it is
                 // retired only after being unlinked, and the caller's guard keeps it alive
@@ -167,8 +169,8 @@ impl<K, V> SlotArray<K, V> {
 
     /// Whether every slot of this array has been copied into `next`.
     ///
-    /// Acquire: pairs with the Release `fetch_add` of every copier, so a thread that sees the
-    /// migration complete sees every copied node in the next array.
+    /// Acquire: pairs with the Release `fetch_add` of every copier (`Table::copy_chunks`),
+    /// so a thread that sees the migration complete sees every copied node in the next array.
     #[inline]
     pub(crate) fn migration_complete(&self) -> bool {
         self.copied.load(Ordering::Acquire) == self.len()
@@ -177,6 +179,8 @@ impl<K, V> SlotArray<K, V> {
     /// The next array, if a migration has started and finished.
     #[inline]
     pub(crate) fn completed_next<'g>(&self, guard: &'g Guard) -> Option<Shared<'g, Self>> {
+        // Acquire pairs with the Release CAS of `next` in `Table::start_or_help`: the next
+        // array's fields are visible.
         let next = self.next.load(Ordering::Acquire, guard);
         if !next.is_null() && self.migration_complete() {
             Some(next)
@@ -203,7 +207,8 @@ impl<K, V> SlotArray<K, V> {
             if self.tags[i].load(Ordering::Relaxed) != TAG_EMPTY {
                 continue;
             }
-            // Release publishes the node's fields to readers of the slot (they load Acquire).
+            // Release publishes the node's fields to readers of the slot (Acquire loads in
+            // `find`, `Table::update_node`, `Iter::next`).
             // Failure means another copier took the slot: try the next one.
             if self.slots[i]
                 .compare_exchange(
@@ -215,6 +220,7 @@ impl<K, V> SlotArray<K, V> {
                 )
                 .is_ok()
             {
+                // Release pairs with the Acquire tag loads in `find` and `Table::update_node`.
                 self.tags[i].store(super::node::tag_of(hash), Ordering::Release);
                 return true;
             }

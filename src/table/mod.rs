@@ -203,6 +203,8 @@ impl<K, V> Table<K, V> {
     #[inline]
     fn newest<'g>(&self, guard: &'g VerifiedGuard) -> &'g SlotArray<K, V> {
         debug_assert!(self.owns(guard), "a guard of another collector");
+        // Acquire pairs with the Release CAS of `root` in `help_migration`: the promoted
+        // array's fields, and every copy into it, are visible.
         let mut array = self.root.load(Ordering::Acquire, guard);
         loop {
             // SAFETY: arrays are retired only after being unlinked from `root` (and from every
@@ -240,6 +242,7 @@ impl<K, V> Table<K, V> {
         guard: &'g VerifiedGuard,
     ) -> Option<&'g Node<K, V>> {
         let tag = tag_of(hash);
+        // Acquire: as in `newest`.
         let mut array = self.root.load(Ordering::Acquire, guard);
         loop {
             // SAFETY: see `newest`: reachable arrays are valid under the guard.
@@ -310,6 +313,7 @@ impl<K, V> Table<K, V> {
     /// array, for a write about to look there (see `prefetch.rs`).
     #[inline]
     pub fn prefetch(&self, hash: u64, guard: &VerifiedGuard) {
+        // Acquire: as in `newest` (the array's `mask`, `tags` and `slots` are read).
         let array = self.root.load(Ordering::Acquire, guard);
         // SAFETY: see `newest`.
         let a = unsafe { array.deref() };
@@ -348,6 +352,7 @@ impl<K, V> Table<K, V> {
     ) -> Outcome<'g, K, V> {
         let tag = tag_of(hash);
         let mut new = new;
+        // Acquire: as in `newest`.
         let mut array = self.root.load(Ordering::Acquire, guard);
         'arrays: loop {
             // SAFETY: see `newest`.
@@ -359,11 +364,15 @@ impl<K, V> Table<K, V> {
             let mut probe = Probe::new(hash, a.mask);
             let mut index = probe.next();
             while let Some(i) = index {
+                // Acquire pairs with the Release tag store after a claim (below, and in
+                // `SlotArray::place_copy`): seeing the tag means seeing the claim.
                 let t = a.tags[i].load(Ordering::Acquire);
                 if t != TAG_EMPTY && t != tag {
                     index = probe.next();
                     continue;
                 }
+                // Acquire pairs with the Release CAS that stored the node (a claim or replace
+                // below, or `SlotArray::place_copy`): its hash and key are visible.
                 let mut cur = a.slots[i].load(Ordering::Acquire, guard);
                 // Examine slot `i` until we act on it or move past it.
                 loop {
@@ -387,8 +396,9 @@ impl<K, V> Table<K, V> {
                                 continue 'arrays;
                             }
                             let node = new.take().expect("checked above");
-                            // Release publishes the node; Acquire on failure reads whichever
-                            // node won the slot so that we can examine it.
+                            // Release publishes the node to the Acquire slot loads (above,
+                            // `SlotArray::find`, `Iter::next`, the freeze in `copy_chunks`);
+                            // Acquire on failure reads whichever node won the slot to examine.
                             match a.slots[i].compare_exchange(
                                 Shared::null(),
                                 node,
@@ -398,6 +408,8 @@ impl<K, V> Table<K, V> {
                             ) {
                                 Ok(stored) => {
                                     a.claimed.fetch_add(1, Ordering::Relaxed);
+                                    // Release pairs with the Acquire tag loads (above, and in
+                                    // `SlotArray::find`): seeing the tag means seeing the claim.
                                     a.tags[i].store(tag, Ordering::Release);
                                     self.len.fetch_add(1, Ordering::Relaxed);
                                     // SAFETY: just published, kept alive by the guard.
@@ -420,8 +432,9 @@ impl<K, V> Table<K, V> {
                                     let Some(replacement) = new.take() else {
                                         return Outcome::Kept(Some(node), None);
                                     };
-                                    // AcqRel: Release publishes the replacement; Acquire on
-                                    // failure reads the slot's new content to re-examine it.
+                                    // AcqRel: Release publishes the replacement to the slot
+                                    // loads, as a claim does; Acquire on failure reads the
+                                    // slot's new content to re-examine it.
                                     match a.slots[i].compare_exchange(
                                         cur,
                                         replacement,
@@ -448,6 +461,9 @@ impl<K, V> Table<K, V> {
                                 }
                                 Decision::Remove => {
                                     let tomb = Shared::null().with_tag(SlotBits::TOMBSTONE);
+                                    // Release: a thread whose slot load (above, or in
+                                    // `SlotArray::find`) sees the tombstone sees what preceded
+                                    // the removal. Acquire on failure as for a replacement.
                                     match a.slots[i].compare_exchange(
                                         cur,
                                         tomb,
@@ -491,6 +507,8 @@ impl<K, V> Table<K, V> {
     ) -> Option<Shared<'g, SlotArray<K, V>>> {
         // SAFETY: see `newest`.
         let a = unsafe { array.deref() };
+        // Acquire pairs with the Release CAS of `next` in `start_or_help`: the target's
+        // fields (`mask`, `tags`, `slots`) are visible before we copy into it.
         let next = a.next.load(Ordering::Acquire, guard);
         if next.is_null() {
             return None;
@@ -524,10 +542,12 @@ impl<K, V> Table<K, V> {
     /// does, without copying anything: for tests of what the writers that help do.
     #[cfg(test)]
     fn link_migration(&self, guard: &Guard) {
+        // Acquire: as in `newest`.
         let array = self.root.load(Ordering::Acquire, guard);
         // SAFETY: see `newest`.
         let a = unsafe { array.deref() };
         let fresh = Owned::new(SlotArray::new(a.len()));
+        // AcqRel: as in `start_or_help`.
         let linked = a.next.compare_exchange(
             Shared::null(),
             fresh,
@@ -543,10 +563,14 @@ impl<K, V> Table<K, V> {
     fn start_or_help<'g>(&self, array: Shared<'g, SlotArray<K, V>>, guard: &'g VerifiedGuard) {
         // SAFETY: see `newest`.
         let a = unsafe { array.deref() };
+        // Acquire pairs with the Release CAS below (another writer's); only null is tested
+        // here, and `help_migration` loads `next` again before it reads the array.
         if a.next.load(Ordering::Acquire, guard).is_null() {
             let size = SlotArray::<K, V>::size_for(self.len(), self.bound.load(Ordering::Relaxed));
             let fresh = Owned::new(SlotArray::new(size));
-            // Release publishes the empty array; on failure ours is dropped, still empty.
+            // Release publishes the empty array to the Acquire loads of `next` in
+            // `help_migration` and `SlotArray::completed_next`; on failure ours is dropped,
+            // still empty.
             let _ = a.next.compare_exchange(
                 Shared::null(),
                 fresh,
@@ -586,9 +610,10 @@ impl<K, V> Table<K, V> {
                 if slot.load(Ordering::Relaxed, guard).tag() & SlotBits::TOMBSTONE != 0 {
                     continue;
                 }
-                // AcqRel: Acquire makes the node's fields (its hash) visible to us; the
-                // freeze is ordered before our copy, so no writer can change the slot after
-                // we read it.
+                // AcqRel: Acquire pairs with the Release CAS that stored the node (a claim or
+                // replace in `update_node`, or `place_copy`), so its hash is readable below.
+                // Release: a writer whose slot load in `update_node` sees FROZEN also sees
+                // `next` linked (loaded by us before), so `start_or_help` allocates nothing.
                 let p = slot.fetch_or(SlotBits::FROZEN, Ordering::AcqRel, guard);
                 if !p.is_null() {
                     found[live].0 = p.with_tag(0);
@@ -616,7 +641,8 @@ impl<K, V> Table<K, V> {
             // Relaxed: the count steers when writers migrate again, which they do only after
             // this migration completes (the Release below orders it before that).
             to.claimed.fetch_add(placed, Ordering::Relaxed);
-            // Release: publishes this chunk's copies to whoever sees the count complete.
+            // Release pairs with the Acquire load in `SlotArray::migration_complete`: whoever
+            // sees the count complete sees this chunk's copies.
             from.copied.fetch_add(end - start, Ordering::Release);
         }
     }
@@ -680,6 +706,8 @@ impl<'g, K, V> Iterator for Iter<'g, K, V> {
         while self.index < self.end {
             let i = self.index;
             self.index += 1;
+            // Acquire pairs with the Release CAS that stored the node (`Table::update_node`,
+            // `SlotArray::place_copy`): its fields are visible to the caller.
             let p = self.array.slots[i].load(Ordering::Acquire, self.guard);
             // SAFETY: non-null slot pointers are nodes kept alive by the guard.
             if let Some(node) = unsafe { p.as_ref() } {
