@@ -550,7 +550,7 @@ impl<K, V, S> CacheBuilder<K, V, S> {
         S: BuildHasher + Send + Sync + 'static,
     {
         self.shared = Some(tier);
-        self.listen = Some(|cache| cache.inner.listen_to_fleet());
+        self.listen = Some(|cache| cache.listen_to_fleet());
         self
     }
 

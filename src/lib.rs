@@ -341,21 +341,16 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod builder;
-mod bulk;
 mod cache;
 mod clock;
-mod compute;
 mod engine;
-mod entries;
 mod entry;
 mod error;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod fleet;
 mod flight;
-mod future;
 mod idle;
-mod load;
 mod local;
 #[cfg(feature = "metrics")]
 mod metrics;
@@ -375,15 +370,14 @@ mod sync;
 mod table;
 mod timer;
 mod trace;
-mod warm;
 
 pub use builder::{CacheBuilder, MAX_CAPACITY_LIMIT, MAX_DURATION, MAX_INITIAL_CAPACITY};
+pub use cache::compute::{Compute, Computed};
+pub use cache::entries::Iter;
+pub use cache::warm::{WarmProgress, WarmReport, MAX_WARM_CONCURRENCY};
 pub use cache::{Cache, CacheGuard, CachePolicy};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use compute::{Compute, Computed};
-pub use entries::Iter;
-pub use error::BuildError;
-pub use load::LoadError;
+pub use error::{BuildError, LoadError};
 pub use refresh::RefreshJob;
 pub use removal::{RemovalCause, MAX_LISTENER_CHAIN};
 #[cfg(feature = "tokio")]
@@ -391,7 +385,6 @@ pub use removal::{RemovalCause, MAX_LISTENER_CHAIN};
 pub use spawn::TokioSpawner;
 pub use spawn::{LoadTask, Spawner, ThreadSpawner};
 pub use stats::Stats;
-pub use warm::{WarmProgress, WarmReport, MAX_WARM_CONCURRENCY};
 
 /// README.md's examples, compiled and run as doctests so that they stay true.
 #[cfg(doctest)]

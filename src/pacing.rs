@@ -5,11 +5,11 @@
 //! wakes a herd of waiters to fight over one permit, and nobody is passed over forever.
 //!
 //! With a `load_timeout`, a permit also has a deadline: a load past it has been timed out
-//! (its flight detached, see `load.rs`), so whoever next looks at the limiter (a caller
-//! taking a permit, or a queued caller woken at that deadline) takes the permit back and
-//! hands it on. A hung loader therefore holds its permit for at most `load_timeout`, even if
-//! no caller ever touches its key again; its own release later finds the permit gone and
-//! does nothing.
+//! (its flight detached, see `engine/lifecycle.rs`), so whoever next looks at the limiter
+//! (a caller taking a permit, or a queued caller woken at that deadline) takes the permit
+//! back and hands it on. A hung loader therefore holds its permit for at most
+//! `load_timeout`, even if no caller ever touches its key again; its own release later
+//! finds the permit gone and does nothing.
 //!
 //! Everything is under one mutex: only the miss path comes here, and it is about to run a
 //! load, which costs far more than an uncontended lock. Hits never touch the limiter.

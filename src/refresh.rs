@@ -2,8 +2,9 @@
 //! that lets only one caller start it, and the backoff after a failed refresh.
 //!
 //! A refresh is a load whose flight still serves the current value until its hard expiry
-//! (see `load.rs`): readers keep getting that value without waiting, and a reader that meets
-//! the hard expiry mid-refresh waits on the same flight, so a key never has two loads at once.
+//! (see `engine/lifecycle.rs`): readers keep getting that value without waiting, and a
+//! reader that meets the hard expiry mid-refresh waits on the same flight, so a key never
+//! has two loads at once.
 //!
 //! # The hit's cost
 //! Each entry carries `check_at`, the first instant at which any refresh rule could fire:

@@ -1,5 +1,20 @@
-//! [`Cache`]: the public API, a handle on the cache's [`Engine`](crate::engine). The miss
-//! path (single flight) is in `load.rs`, the collection calls in `entries.rs`.
+//! The public shell: [`Cache`], a handle on the cache's core, the engine
+//! (`crate::engine`), and its calls, each written in terms of the engine's operations. Only
+//! this module and its files hold the engine: `Cache`'s handle on it is private here.
+//!
+//! - this file: the handle, reads, writes, invalidation, statistics, settings;
+//! - `load.rs`: the loading calls of threads (`get_or_load` and its variants, `get_with`,
+//!   `optionally_get_with`, `forget`);
+//! - `future.rs`: their async forms, and the futures' waits of the miss-path driver;
+//! - `bulk.rs`: `get_or_load_all`; `compute.rs`: `compute`; `warm.rs`: `warm`;
+//! - `entries.rs`: the cache as a collection (`iter`, `retain`, `peek`, ...).
+
+pub(crate) mod bulk;
+pub(crate) mod compute;
+pub(crate) mod entries;
+pub(crate) mod future;
+pub(crate) mod load;
+pub(crate) mod warm;
 
 use std::borrow::Borrow;
 use std::fmt;
@@ -34,7 +49,7 @@ use crate::DefaultHashBuilder;
 /// # Ok::<(), herdcache::BuildError>(())
 /// ```
 pub struct Cache<K, V, S = DefaultHashBuilder> {
-    pub(crate) inner: Arc<Engine<K, V, S>>,
+    inner: Arc<Engine<K, V, S>>,
 }
 
 impl<K, V, S> Clone for Cache<K, V, S> {
@@ -60,6 +75,15 @@ where
     V: Send + Sync + 'static,
     S: BuildHasher,
 {
+    /// Starts the thread that hears the fleet's writes for this cache (feature `redis`).
+    #[cfg(feature = "redis")]
+    pub(crate) fn listen_to_fleet(&self)
+    where
+        S: Send + Sync + 'static,
+    {
+        self.inner.listen_to_fleet();
+    }
+
     /// The handle on a newly built engine.
     pub(crate) fn from_engine(engine: Engine<K, V, S>) -> Self {
         Cache {

@@ -19,11 +19,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use crate::cache::Cache;
+use super::Cache;
 use crate::engine::lifecycle::{Joined, Lead, PermitWait, ThreadWaits, Waits};
 use crate::entry::Kind;
+use crate::error::LoadError;
 use crate::flight::{Flight, FlightResult, Start};
-use crate::load::LoadError;
 use crate::pacing::Permit;
 use crate::stats::Counter;
 
@@ -147,7 +147,7 @@ where
         E: Send + Sync + 'static,
     {
         let no_deadline = std::pin::pin!(None::<std::future::Pending<()>>);
-        let mut waits = crate::future::FutureWaits::new(no_deadline);
+        let mut waits = super::future::FutureWaits::new(no_deadline);
         self.load_all(keys, loader, &mut waits).await
     }
 

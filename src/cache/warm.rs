@@ -5,7 +5,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::cache::Cache;
+use super::Cache;
 use crate::sync::{AtomicBool, AtomicUsize, Condvar, Mutex, Ordering};
 
 /// What [`Cache::warm`] did.

@@ -14,7 +14,7 @@ use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::cache::Cache;
+use super::Cache;
 use crate::engine::lifecycle::Lead;
 use crate::entry::Kind;
 use crate::flight::{Flight, FlightResult, Start};

@@ -26,10 +26,11 @@ use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::cache::Cache;
+use super::load::Absent;
+use super::Cache;
 use crate::engine::lifecycle::{Begin, Joined, Lead, PermitWait, Waits};
+use crate::error::LoadError;
 use crate::flight::{Flight, FlightResult, Subscription};
-use crate::load::{Absent, LoadError};
 use crate::pacing::{Limiter, Queued};
 use crate::sync::{AtomicBool, Ordering};
 use crate::timer::{OrDeadline, Sleep};
