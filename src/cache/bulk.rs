@@ -20,30 +20,11 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use super::Cache;
-use crate::engine::lifecycle::{Joined, Lead, PermitWait, ThreadWaits, Waits};
-use crate::entry::Kind;
+use crate::engine::lifecycle::{BatchLook, Joined, Lead, PermitWait, ThreadWaits, Waits};
 use crate::error::LoadError;
-use crate::flight::{Flight, FlightResult, Start};
+use crate::flight::{Flight, FlightResult};
 use crate::pacing::Permit;
 use crate::stats::Counter;
-
-/// One look at one key of a batch.
-enum Look<K, V, S, E>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    V: Clone + Send + Sync + 'static,
-    S: BuildHasher,
-{
-    Hit(V),
-    /// A cached error of the caller's type (`negative_ttl`).
-    Failed(Arc<E>),
-    /// Another caller's load: wait for it.
-    Wait(Arc<Flight<V>>),
-    /// Nothing usable: this call should load it.
-    Miss,
-    /// This call leads the key's load now.
-    Lead(Lead<K, V, S>),
-}
 
 impl<K, V, S> Cache<K, V, S>
 where
@@ -181,14 +162,14 @@ where
             let mut joined = Vec::new();
             let mut misses = Vec::new();
             for (q, hash) in pending.drain(..) {
-                match self.look_at::<Q, E>(q, hash, None) {
-                    Look::Hit(v) => {
+                match self.inner.look_for_batch::<Q, E>(q, hash, None) {
+                    BatchLook::Hit(v) => {
                         out.insert(q.to_owned(), v);
                     }
-                    Look::Failed(e) => return Err(LoadError::Failed(e)),
-                    Look::Wait(flight) => joined.push((q, hash, flight)),
-                    Look::Miss => misses.push((q, hash)),
-                    Look::Lead(_) => unreachable!("a look without a flight leads nothing"),
+                    BatchLook::Failed(e) => return Err(LoadError::Failed(e)),
+                    BatchLook::Wait(flight) => joined.push((q, hash, flight)),
+                    BatchLook::Miss => misses.push((q, hash)),
+                    BatchLook::Lead(_) => unreachable!("a look without a flight leads nothing"),
                 }
             }
             let mut leads = Vec::new();
@@ -215,14 +196,17 @@ where
                         .and_then(|t| Instant::now().checked_add(t))
                 });
                 for (q, hash) in misses {
-                    match self.look_at::<Q, E>(q, hash, Some((&mut permit, deadline))) {
-                        Look::Hit(v) => {
+                    match self
+                        .inner
+                        .look_for_batch::<Q, E>(q, hash, Some((&mut permit, deadline)))
+                    {
+                        BatchLook::Hit(v) => {
                             out.insert(q.to_owned(), v);
                         }
-                        Look::Failed(e) => return Err(LoadError::Failed(e)),
-                        Look::Wait(flight) => joined.push((q, hash, flight)),
-                        Look::Lead(lead) => leads.push(lead),
-                        Look::Miss => unreachable!("a look with a flight leads a miss"),
+                        BatchLook::Failed(e) => return Err(LoadError::Failed(e)),
+                        BatchLook::Wait(flight) => joined.push((q, hash, flight)),
+                        BatchLook::Lead(lead) => leads.push(lead),
+                        BatchLook::Miss => unreachable!("a look with a flight leads a miss"),
                     }
                 }
             }
@@ -290,77 +274,6 @@ where
                     let _ = lead.conclude_batch(started, Err(Arc::clone(&e)));
                 }
                 Err(LoadError::Failed(e))
-            }
-        }
-    }
-
-    /// One look at `key` (hash `hash`) of a batch. With `lead` (the batch's permit, taken by
-    /// the first flight installed, and the flights' deadline), a miss is led; without, it is
-    /// only reported.
-    fn look_at<Q, E>(
-        &self,
-        key: &Q,
-        hash: u64,
-        mut lead: Option<(&mut Option<Permit>, Option<Instant>)>,
-    ) -> Look<K, V, S, E>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-        E: Send + Sync + 'static,
-    {
-        loop {
-            let pinned = self.inner.pin();
-            let current = self.inner.find(hash, key, pinned.guard());
-            let now = self.inner.once_now();
-            let mut stale = None;
-            let mut history = (0, 0);
-            if let Some(node) = current {
-                let entry = &node.value;
-                // A hit (an early refresh due is left to the single-key calls).
-                if let Some(v) = self.inner.hit(entry, || now.get(), &pinned) {
-                    return Look::Hit(v.clone());
-                }
-                match entry.kind() {
-                    Kind::Loading(flight) => {
-                        pinned.count(Counter::Misses);
-                        return Look::Wait(Arc::clone(flight));
-                    }
-                    Kind::Failed { error, .. } if !entry.is_expired(|| now.get()) => {
-                        if let Ok(e) = Arc::clone(error).downcast::<E>() {
-                            pinned.count(Counter::Misses);
-                            return Look::Failed(e);
-                        }
-                    }
-                    Kind::Ready(r) => {
-                        history = r.history();
-                        stale = Some((r.value.clone(), r.valid_until(now.get())));
-                    }
-                    Kind::Failed { .. } => {}
-                }
-            }
-            let Some((permit, deadline)) = lead.as_mut() else {
-                return Look::Miss;
-            };
-            pinned.count(Counter::Misses);
-            let flight = Arc::new(Flight::new(Start {
-                stale,
-                history,
-                refresh: false,
-                deadline: *deadline,
-                permit: permit.take(),
-            }));
-            match self
-                .inner
-                .install_lead(key, hash, current, flight, false, &pinned)
-            {
-                Ok(lead) => {
-                    pinned.count(Counter::Loads);
-                    return Look::Lead(lead);
-                }
-                Err(flight) => {
-                    // The key changed first: look again, with the permit back.
-                    **permit = flight.take_permit();
-                }
             }
         }
     }

@@ -11,13 +11,9 @@
 
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
-use std::sync::Arc;
-use std::time::Instant;
 
 use super::Cache;
-use crate::engine::lifecycle::Lead;
-use crate::entry::Kind;
-use crate::flight::{Flight, FlightResult, Start};
+use crate::flight::FlightResult;
 use crate::removal::RemovalCause;
 use crate::stats::Counter;
 
@@ -49,19 +45,6 @@ pub enum Computed<V> {
     Removed(V),
     /// The key was left as it was: its value, if it had one.
     Unchanged(Option<V>),
-}
-
-/// Where a compute stands after one look at its key.
-enum Begin<K, V, S>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    V: Clone + Send + Sync + 'static,
-    S: BuildHasher,
-{
-    /// A load (or another compute) of the key is in flight: wait for it, then look again.
-    Wait(Arc<Flight<V>>),
-    /// This compute leads the key, whose value (if it has one) is this.
-    Lead(Lead<K, V, S>, Option<V>),
 }
 
 impl<K, V, S> Cache<K, V, S>
@@ -114,19 +97,7 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         F: FnOnce(Option<&V>) -> Compute<V>,
     {
-        let hash = self.inner.hash(key);
-        let (mut lead, old) = loop {
-            match self.begin_compute(key, hash) {
-                Begin::Lead(lead, old) => break (lead, old),
-                Begin::Wait(flight) => {
-                    // Whatever the load's outcome, the key is settled when it ends; past its
-                    // deadline it is detached, as its waiters would.
-                    if flight.wait(flight.deadline()).is_none() && flight.overdue(Instant::now()) {
-                        self.inner.time_out(key, hash, &flight);
-                    }
-                }
-            }
-        };
+        let (mut lead, old) = self.inner.lead_for_compute(key);
         // A panic in `f` leaves through `Lead`'s drop, which puts the value back.
         match (f(old.as_ref()), old) {
             (Compute::Put(new), old) => {
@@ -158,62 +129,6 @@ where
                 lead.remove_loading_as(RemovalCause::Invalidated);
                 lead.finish(FlightResult::Abandoned);
                 Computed::Unchanged(None)
-            }
-        }
-    }
-
-    /// One look at `key` for a compute: a load in flight to wait for, or the key led by
-    /// this compute, with the value it holds.
-    fn begin_compute<Q>(&self, key: &Q, hash: u64) -> Begin<K, V, S>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        loop {
-            let pinned = self.inner.pin();
-            let current = self.inner.find(hash, key, pinned.guard());
-            let now = self.inner.once_now();
-            let mut old = None;
-            let mut history = (0, 0);
-            if let Some(node) = current {
-                match node.value.kind() {
-                    Kind::Loading(flight) => {
-                        assert!(
-                            !flight.led_by_current_thread(),
-                            "compute: called for the key a loader on this thread is loading"
-                        );
-                        return Begin::Wait(Arc::clone(flight));
-                    }
-                    Kind::Ready(r) if r.live(|| now.get()) => {
-                        history = r.history();
-                        old = Some((r.value.clone(), r.valid_until(now.get())));
-                    }
-                    Kind::Ready(_) | Kind::Failed { .. } => {}
-                }
-            }
-            let value = old.as_ref().map(|(v, _)| v.clone());
-            let refresh = old.is_some();
-            let flight = Arc::new(Flight::new(Start {
-                stale: old,
-                history,
-                refresh,
-                deadline: self
-                    .inner
-                    .settings()
-                    .load_timeout
-                    .and_then(|t| Instant::now().checked_add(t)),
-                permit: None,
-            }));
-            match self
-                .inner
-                .install_lead(key, hash, current, flight, refresh, &pinned)
-            {
-                Ok(mut lead) => {
-                    lead.load = false;
-                    return Begin::Lead(lead, value);
-                }
-                // The key changed first: look again.
-                Err(_) => continue,
             }
         }
     }

@@ -636,6 +636,187 @@ where
     }
 }
 
+/// Leads for the calls that act on several keys or on the value in place: a batch load
+/// (`get_or_load_all`) and `compute`.
+impl<K, V, S> Engine<K, V, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+    S: BuildHasher,
+{
+    /// One look at `key` (hash `hash`) of a batch. With `lead` (the batch's permit, taken by
+    /// the first flight installed, and the flights' deadline), a miss is led; without, it is
+    /// only reported.
+    pub(crate) fn look_for_batch<Q, E>(
+        self: &Arc<Self>,
+        key: &Q,
+        hash: u64,
+        mut lead: Option<(&mut Option<Permit>, Option<Instant>)>,
+    ) -> BatchLook<K, V, S, E>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        E: Send + Sync + 'static,
+    {
+        loop {
+            let pinned = self.pin();
+            let current = self.find(hash, key, pinned.guard());
+            let now = self.once_now();
+            let mut stale = None;
+            let mut history = (0, 0);
+            if let Some(node) = current {
+                let entry = &node.value;
+                // A hit (an early refresh due is left to the single-key calls).
+                if let Some(v) = self.hit(entry, || now.get(), &pinned) {
+                    return BatchLook::Hit(v.clone());
+                }
+                match entry.kind() {
+                    Kind::Loading(flight) => {
+                        pinned.count(Counter::Misses);
+                        return BatchLook::Wait(Arc::clone(flight));
+                    }
+                    Kind::Failed { error, .. } if !entry.is_expired(|| now.get()) => {
+                        if let Ok(e) = Arc::clone(error).downcast::<E>() {
+                            pinned.count(Counter::Misses);
+                            return BatchLook::Failed(e);
+                        }
+                    }
+                    Kind::Ready(r) => {
+                        history = r.history();
+                        stale = Some((r.value.clone(), r.valid_until(now.get())));
+                    }
+                    Kind::Failed { .. } => {}
+                }
+            }
+            let Some((permit, deadline)) = lead.as_mut() else {
+                return BatchLook::Miss;
+            };
+            pinned.count(Counter::Misses);
+            let flight = Arc::new(Flight::new(Start {
+                stale,
+                history,
+                refresh: false,
+                deadline: *deadline,
+                permit: permit.take(),
+            }));
+            match self.install_lead(key, hash, current, flight, false, &pinned) {
+                Ok(lead) => {
+                    pinned.count(Counter::Loads);
+                    return BatchLook::Lead(lead);
+                }
+                Err(flight) => {
+                    // The key changed first: look again, with the permit back.
+                    **permit = flight.take_permit();
+                }
+            }
+        }
+    }
+
+    /// Leads `key` for a compute, with the value it holds (if live): a load or another
+    /// compute of the key in flight is waited for first, and detached past its deadline, as
+    /// its waiters would.
+    pub(crate) fn lead_for_compute<Q>(self: &Arc<Self>, key: &Q) -> (Lead<K, V, S>, Option<V>)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let hash = self.hash(key);
+        loop {
+            match self.look_for_compute(key, hash) {
+                ComputeLook::Lead(lead, old) => return (lead, old),
+                ComputeLook::Wait(flight) => {
+                    if flight.wait(flight.deadline()).is_none() && flight.overdue(Instant::now()) {
+                        self.time_out(key, hash, &flight);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One look at `key` for a compute: a load in flight to wait for, or the key led by
+    /// this compute, with the value it holds.
+    fn look_for_compute<Q>(self: &Arc<Self>, key: &Q, hash: u64) -> ComputeLook<K, V, S>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        loop {
+            let pinned = self.pin();
+            let current = self.find(hash, key, pinned.guard());
+            let now = self.once_now();
+            let mut old = None;
+            let mut history = (0, 0);
+            if let Some(node) = current {
+                match node.value.kind() {
+                    Kind::Loading(flight) => {
+                        assert!(
+                            !flight.led_by_current_thread(),
+                            "compute: called for the key a loader on this thread is loading"
+                        );
+                        return ComputeLook::Wait(Arc::clone(flight));
+                    }
+                    Kind::Ready(r) if r.live(|| now.get()) => {
+                        history = r.history();
+                        old = Some((r.value.clone(), r.valid_until(now.get())));
+                    }
+                    Kind::Ready(_) | Kind::Failed { .. } => {}
+                }
+            }
+            let value = old.as_ref().map(|(v, _)| v.clone());
+            let refresh = old.is_some();
+            let flight = Arc::new(Flight::new(Start {
+                stale: old,
+                history,
+                refresh,
+                deadline: self
+                    .settings()
+                    .load_timeout
+                    .and_then(|t| Instant::now().checked_add(t)),
+                permit: None,
+            }));
+            match self.install_lead(key, hash, current, flight, refresh, &pinned) {
+                Ok(mut lead) => {
+                    lead.load = false;
+                    return ComputeLook::Lead(lead, value);
+                }
+                // The key changed first: look again.
+                Err(_) => continue,
+            }
+        }
+    }
+}
+
+/// One look at one key of a batch.
+pub(crate) enum BatchLook<K, V, S, E>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+    S: BuildHasher,
+{
+    Hit(V),
+    /// A cached error of the caller's type (`negative_ttl`).
+    Failed(Arc<E>),
+    /// Another caller's load: wait for it.
+    Wait(Arc<Flight<V>>),
+    /// Nothing usable: this call should load it.
+    Miss,
+    /// This call leads the key's load now.
+    Lead(Lead<K, V, S>),
+}
+
+/// Where a compute stands after one look at its key.
+enum ComputeLook<K, V, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+    S: BuildHasher,
+{
+    /// A load (or another compute) of the key is in flight: wait for it, then look again.
+    Wait(Arc<Flight<V>>),
+    /// This compute leads the key, whose value (if it has one) is this.
+    Lead(Lead<K, V, S>, Option<V>),
+}
+
 /// Where the miss path stands before the loader runs.
 pub(crate) enum Begin<K, V, S, E>
 where
