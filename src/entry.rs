@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::flight::Flight;
 use crate::idle::Idle;
 use crate::policy::EntryState;
-use crate::refresh::RefreshState;
+use crate::refresh::{LoadHistory, RefreshState};
 
 pub(crate) use crate::clock::{expiry_after, NEVER};
 
@@ -130,8 +130,12 @@ impl<V> Copy for Ready<'_, V> {}
 impl<V> Ready<'_, V> {
     /// The load-time estimate and the failed refreshes behind this value (none without a
     /// refresh rule, which is the only reader of either).
-    pub(crate) fn history(&self) -> (u64, u32) {
-        self.refresh.map_or((0, 0), |r| (r.delta(), r.failures()))
+    pub(crate) fn history(&self) -> LoadHistory {
+        self.refresh
+            .map_or(LoadHistory::default(), |r| LoadHistory {
+                delta: r.delta(),
+                failures: r.failures(),
+            })
     }
 
     /// Whether the value has gone unused past its idle deadline at `now`.
@@ -489,7 +493,15 @@ mod tests {
             assert_eq!((*r.value, r.expires_at), (42, expires_at));
             assert_eq!(entry.policy.shard(), 5);
             assert_eq!(r.refresh.is_some(), planned);
-            assert_eq!(r.history(), if planned { (7, 2) } else { (0, 0) });
+            let expected = if planned {
+                LoadHistory {
+                    delta: 7,
+                    failures: 2,
+                }
+            } else {
+                LoadHistory::default()
+            };
+            assert_eq!(r.history(), expected);
             assert_eq!(r.valid_until(0), if idles { 4 * unit } else { expires_at });
             assert_eq!(entry.is_expired(|| 10 * unit), idles, "idle expiry");
             entry.used(9 * unit, 3);

@@ -37,6 +37,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use crate::pacing::Permit;
+use crate::refresh::LoadHistory;
 use crate::sync::thread::{self, Thread};
 use crate::sync::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Mutex, Ordering, UnsafeCell};
 
@@ -101,7 +102,7 @@ pub(crate) struct Flight<V> {
     /// error instead of waiting on itself.
     leader: AtomicUsize,
     /// The replaced entry's load-time estimate and failed-refresh count.
-    history: (u64, u32),
+    history: LoadHistory,
     /// Whether this is a refresh: `stale` was a live value when it started, which readers are
     /// served meanwhile and which leaves the cache (told to the listener) only when the
     /// refresh ends without putting it back.
@@ -140,7 +141,7 @@ pub(crate) struct Start<V> {
     /// The value the load replaces, with its hard expiry.
     pub(crate) stale: Option<(V, u64)>,
     /// The replaced entry's load-time estimate and failed-refresh count.
-    pub(crate) history: (u64, u32),
+    pub(crate) history: LoadHistory,
     /// Whether it is a refresh of a live value (`stale`).
     pub(crate) refresh: bool,
     /// When the load is timed out.
@@ -171,7 +172,7 @@ impl<V> Flight<V> {
     }
 
     /// The replaced entry's load-time estimate and failed-refresh count.
-    pub(crate) fn history(&self) -> (u64, u32) {
+    pub(crate) fn history(&self) -> LoadHistory {
         self.history
     }
 
@@ -498,7 +499,7 @@ mod tests {
     fn start(stale: Option<(u32, u64)>) -> Start<u32> {
         Start {
             stale,
-            history: (0, 0),
+            history: LoadHistory::default(),
             refresh: false,
             deadline: None,
             permit: None,

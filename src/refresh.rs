@@ -27,6 +27,16 @@ pub(crate) const MAX_NEG_LN_U: f64 = 36.8;
 /// at most 1.25 per TTL whatever the read rate and beta.
 const EARLY_SHARE_DIVISOR: u64 = 5;
 
+/// What a key's past loads leave to its next one: the load-time estimate and the refreshes
+/// that failed in a row (kept by the refresh plan; none without a refresh rule).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct LoadHistory {
+    /// The key's load-time estimate (EWMA), nanoseconds: XFetch's `delta`.
+    pub(crate) delta: u64,
+    /// Consecutive failed refreshes behind the value.
+    pub(crate) failures: u32,
+}
+
 /// The load behind a write, as the refresh plan of the value it wrote needs it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct LoadRecord {

@@ -29,14 +29,14 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{Engine, EntryNode, LoadEnd};
+use super::{Engine, EntryNode, LoadEnd, Replacement};
 use crate::clock::OnceNow;
 use crate::entry::{expiry_after, Entry, Kind, NEVER};
 use crate::error::LoadError;
 use crate::flight::{Flight, FlightResult, Keep, Start};
 use crate::local::Pinned;
 use crate::pacing::{Limiter, Permit};
-use crate::refresh::{LoadRecord, RefreshState};
+use crate::refresh::{LoadHistory, LoadRecord, RefreshState};
 use crate::removal::RemovalCause;
 use crate::stats::Counter;
 use crate::sync::{AtomicBool, Ordering};
@@ -213,7 +213,11 @@ where
                 let weight = self.weight_of(&key, v);
                 let pkey = self.pkey(hash, &key);
                 let entry = self.put_back_entry(pkey, flight, v.clone(), &at);
-                (Node::owned(hash, key, entry), weight, pkey)
+                Replacement {
+                    node: Node::owned(hash, key, entry),
+                    weight,
+                    pkey,
+                }
             })
         }))
         .unwrap_or(None);
@@ -238,7 +242,7 @@ where
         value: V,
         now: &OnceNow<'_>,
     ) -> Entry<V> {
-        let (delta, failures) = flight.history();
+        let LoadHistory { delta, failures } = flight.history();
         let until = flight.stale_valid_until();
         self.ready_entry(
             pkey,
@@ -292,7 +296,7 @@ where
             // What a load started now replaces: the previous value with its hard expiry, and
             // the previous entry's load-time estimate and refresh failures.
             let mut replaced: Option<(V, u64)> = None;
-            let mut history = (0, 0);
+            let mut history = LoadHistory::default();
             // The entry's refresh claim, if this caller won one: it then leads a refresh, not
             // a load after a miss.
             let mut claimed: Option<&RefreshState> = None;
@@ -663,7 +667,7 @@ where
             let current = self.find(hash, key, pinned.guard());
             let now = self.once_now();
             let mut stale = None;
-            let mut history = (0, 0);
+            let mut history = LoadHistory::default();
             if let Some(node) = current {
                 let entry = &node.value;
                 // A hit (an early refresh due is left to the single-key calls).
@@ -745,7 +749,7 @@ where
             let current = self.find(hash, key, pinned.guard());
             let now = self.once_now();
             let mut old = None;
-            let mut history = (0, 0);
+            let mut history = LoadHistory::default();
             if let Some(node) = current {
                 match node.value.kind() {
                     Kind::Loading(flight) => {
@@ -921,11 +925,11 @@ where
         }
         let engine = &self.engine;
         let pinned = engine.pin();
-        let node = (
-            Node::owned(self.hash, self.key.clone(), make()),
+        let node = Replacement {
+            node: Node::owned(self.hash, self.key.clone(), make()),
             weight,
-            self.pkey,
-        );
+            pkey: self.pkey,
+        };
         let end = if put_back {
             LoadEnd::PutBack(node)
         } else {
@@ -983,7 +987,7 @@ where
     pub(crate) fn put_back(&mut self, old: &V) -> bool {
         let engine = Arc::clone(&self.engine);
         let weight = engine.weight_of(&self.key, old);
-        let (delta, failures) = self.flight.history();
+        let LoadHistory { delta, failures } = self.flight.history();
         let (pkey, until) = (self.pkey, self.flight.stale_valid_until());
         let at = engine.once_now();
         let load = LoadRecord {
@@ -1212,7 +1216,7 @@ where
             ok = result.is_ok(),
             "load finished"
         );
-        let (previous_delta, _) = lead.flight.history();
+        let previous_delta = lead.flight.history().delta;
         match result {
             Ok(value) => {
                 let took = finished.saturating_sub(started);

@@ -45,8 +45,14 @@ use crate::table::{self, Decision, Node, Outcome, Table, VerifiedGuard};
 /// The table's node type: a key with its entry.
 pub(crate) type EntryNode<K, V> = Node<K, Entry<V>>;
 
-/// What ends a load in the table: the node, its weight, and its key's policy key.
-pub(crate) type Replacement<K, V> = (Owned<EntryNode<K, V>>, u64, u64);
+/// What ends a load in the table in its place.
+pub(crate) struct Replacement<K, V> {
+    pub(crate) node: Owned<EntryNode<K, V>>,
+    /// The weight the cache's weigher gave it.
+    pub(crate) weight: u64,
+    /// Its key's policy key.
+    pub(crate) pkey: u64,
+}
 
 /// How a load ends in the table (`Engine::end_load`), and what the listener then hears of
 /// the value a refresh served while it ran.
@@ -491,8 +497,8 @@ where
         pinned: &Pinned<'_>,
     ) -> bool {
         let (node, weight, pkey, tell) = match end {
-            LoadEnd::Publish((n, w, p)) => (Some(n), w, p, Some(RemovalCause::Replaced)),
-            LoadEnd::PutBack((n, w, p)) => (Some(n), w, p, None),
+            LoadEnd::Publish(r) => (Some(r.node), r.weight, r.pkey, Some(RemovalCause::Replaced)),
+            LoadEnd::PutBack(r) => (Some(r.node), r.weight, r.pkey, None),
             LoadEnd::Remove(cause) => (None, 0, 0, Some(cause)),
         };
         let replacing = node.is_some();
