@@ -4,8 +4,6 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use herdcache::Cache;
-
 mod common;
 
 /// Counts this thread's allocations.
@@ -37,13 +35,9 @@ fn allocations_in<T>(f: impl FnOnce() -> T) -> (T, usize) {
     (out, ALLOCATIONS.with(Cell::get) - before)
 }
 
-fn cache() -> Cache<String, u64> {
-    Cache::builder().max_capacity(100).build().unwrap()
-}
-
 #[test]
 fn a_hit_through_get_or_load_by_str_allocates_nothing() {
-    let cache = cache();
+    let cache = common::bounded(100);
     let v = cache.get_or_load("key", |k: &String| Ok::<_, ()>(k.len() as u64));
     assert_eq!(v, Ok(3), "the miss loads, with the owned key");
     // Warm the thread's per-cache state first: its first use registers the thread.
@@ -62,7 +56,7 @@ fn a_hit_through_get_or_load_by_str_allocates_nothing() {
 
 #[test]
 fn a_hit_through_get_or_load_async_by_str_allocates_nothing() {
-    let cache = cache();
+    let cache = common::bounded(100);
     let load = |k: &String| {
         let n = k.len() as u64;
         async move { Ok::<_, ()>(n) }
@@ -79,7 +73,7 @@ fn a_hit_through_get_or_load_async_by_str_allocates_nothing() {
 
 #[test]
 fn an_owned_key_still_works_and_the_loader_sees_the_owned_form() {
-    let cache = cache();
+    let cache = common::bounded(100);
     let key = String::from("abc");
     let v = cache.get_or_load(&key, |k: &String| Ok::<_, ()>(k.len() as u64));
     assert_eq!(v, Ok(3));

@@ -14,10 +14,6 @@ use herdcache::{Cache, LoadError};
 
 type C = Cache<u64, u64>;
 
-fn cache() -> C {
-    Cache::builder().max_capacity(1_000).build().unwrap()
-}
-
 /// A batch source: each key's value is ten times it, except keys above 100, which it does
 /// not have; it records the batches it was asked for.
 #[derive(Default)]
@@ -38,7 +34,7 @@ impl Source {
 
 #[test]
 fn present_keys_are_hits_and_the_missing_ones_one_batch() {
-    let c = cache();
+    let c = common::bounded(1_000);
     c.insert(1, 10);
     let source = Source::default();
     let got = c
@@ -58,7 +54,7 @@ fn present_keys_are_hits_and_the_missing_ones_one_batch() {
 
 #[test]
 fn a_single_key_caller_joins_the_batch_and_the_batch_joins_a_single_key_load() {
-    let c = cache();
+    let c = common::bounded(1_000);
     // Key 5 is being loaded on its own: the batch waits for it rather than loading it.
     let (release5, loader5) = held_load(&c, 5, 55);
     let (started, is_started) = mpsc::channel();
@@ -96,7 +92,7 @@ fn a_single_key_caller_joins_the_batch_and_the_batch_joins_a_single_key_load() {
 
 #[test]
 fn a_batch_error_reaches_every_waiter_of_its_keys() {
-    let c = cache();
+    let c = common::bounded(1_000);
     let (started, is_started) = mpsc::channel();
     let (release, gate) = mpsc::channel::<()>();
     let batch = {
@@ -134,7 +130,7 @@ fn a_batch_error_reaches_every_waiter_of_its_keys() {
 #[test]
 fn a_panicking_batch_loader_wakes_its_waiters_with_panicked() {
     common::expect_panics();
-    let c = cache();
+    let c = common::bounded(1_000);
     let (started, is_started) = mpsc::channel();
     let (release, gate) = mpsc::channel::<()>();
     let batch = {
@@ -203,7 +199,7 @@ fn a_batch_takes_one_load_permit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn futures_load_in_bulk_and_share_flights_with_threads() {
-    let c = cache();
+    let c = common::bounded(1_000);
     c.insert(1, 10);
     let got = c
         .get_or_load_all_async([&1, &2, &300], |keys| {

@@ -14,17 +14,13 @@ use herdcache::{Cache, Compute, Computed, ManualClock, RemovalCause};
 
 type C = Cache<u64, u64>;
 
-fn cache() -> C {
-    Cache::builder().max_capacity(100).build().unwrap()
-}
-
 fn bump(v: Option<&u64>) -> Compute<u64> {
     Compute::Put(v.map_or(1, |n| n + 1))
 }
 
 #[test]
 fn concurrent_computes_lose_no_update() {
-    let c = cache();
+    let c = common::bounded(100);
     thread::scope(|s| {
         for _ in 0..4 {
             s.spawn(|| {
@@ -39,7 +35,7 @@ fn concurrent_computes_lose_no_update() {
 
 #[test]
 fn a_compute_waits_for_a_load_in_flight_and_sees_its_value() {
-    let c = cache();
+    let c = common::bounded(100);
     let (release, loader) = held_load(&c, 1, 10);
     let (tx, rx) = mpsc::channel();
     let computing = {
@@ -69,7 +65,7 @@ fn a_compute_waits_for_a_load_in_flight_and_sees_its_value() {
 
 #[test]
 fn a_load_that_starts_during_a_compute_of_a_missing_key_gets_its_value() {
-    let c = cache();
+    let c = common::bounded(100);
     let (started, is_started) = mpsc::channel();
     let (release, gate) = mpsc::channel::<()>();
     let computing = {
@@ -99,7 +95,7 @@ fn a_load_that_starts_during_a_compute_of_a_missing_key_gets_its_value() {
 
 #[test]
 fn an_insert_during_a_compute_wins() {
-    let c = cache();
+    let c = common::bounded(100);
     c.insert(1, 1);
     let (started, is_started) = mpsc::channel();
     let (release, gate) = mpsc::channel::<()>();
@@ -169,7 +165,7 @@ fn the_listener_hears_a_computed_replacement_or_removal_once() {
 #[test]
 fn a_panicking_compute_keeps_the_value_and_strands_nobody() {
     common::expect_panics();
-    let c = cache();
+    let c = common::bounded(100);
     c.insert(1, 7);
     let r = catch_unwind(AssertUnwindSafe(|| {
         c.compute(&1, |_| -> Compute<u64> {

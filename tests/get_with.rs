@@ -13,13 +13,9 @@ use common::await_waiters;
 
 type C = Cache<String, String>;
 
-fn cache() -> C {
-    Cache::builder().max_capacity(100).build().unwrap()
-}
-
 #[test]
 fn threads_missing_together_run_init_once() {
-    let c = cache();
+    let c = common::bounded(100);
     let calls = AtomicUsize::new(0);
     let n = 6;
     let barrier = Barrier::new(n);
@@ -45,7 +41,7 @@ fn threads_missing_together_run_init_once() {
 
 #[test]
 fn a_waiter_whose_leader_panicked_computes_the_value_itself() {
-    let c = cache();
+    let c = common::bounded(100);
     thread::scope(|s| {
         let leader = s.spawn(|| {
             catch_unwind(AssertUnwindSafe(|| {
@@ -72,7 +68,7 @@ fn a_waiter_whose_leader_panicked_computes_the_value_itself() {
 
 #[test]
 fn an_init_that_reenters_its_own_key_panics_instead_of_waiting_for_itself() {
-    let c = cache();
+    let c = common::bounded(100);
     let r = catch_unwind(AssertUnwindSafe(|| {
         c.get_with("k", |_| c.get_with("k", |_| "inner".to_owned()))
     }));
@@ -89,7 +85,7 @@ fn an_init_that_reenters_its_own_key_panics_instead_of_waiting_for_itself() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn futures_missing_together_run_init_once() {
-    let c = cache();
+    let c = common::bounded(100);
     let calls = std::sync::Arc::new(AtomicUsize::new(0));
     let tasks: Vec<_> = (0..20)
         .map(|_| {
@@ -182,7 +178,7 @@ async fn get_with_async_outlives_the_load_timeout_it_led_past() {
 #[test]
 fn optionally_get_with_shares_one_answer_and_caches_absence_only_if_asked() {
     use std::time::Duration;
-    let c = cache();
+    let c = common::bounded(100);
     let calls = AtomicUsize::new(0);
     let barrier = Barrier::new(4);
     thread::scope(|s| {
@@ -234,7 +230,7 @@ fn optionally_get_with_shares_one_answer_and_caches_absence_only_if_asked() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn optionally_get_with_async_returns_what_its_init_found() {
-    let c = cache();
+    let c = common::bounded(100);
     assert_eq!(
         c.optionally_get_with_async("k", |_| async { None }).await,
         None

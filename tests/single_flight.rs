@@ -15,16 +15,12 @@ use herdcache::{Cache, LoadError, ManualClock};
 
 type C = Cache<u64, u64>;
 
-fn cache() -> C {
-    Cache::builder().max_capacity(1_000).build().unwrap()
-}
-
 /// How long a test waits for another thread before it fails instead of hanging.
 const BOUND: Duration = Duration::from_secs(30);
 
 #[test]
 fn concurrent_misses_run_the_loader_once_and_share_its_value() {
-    let c = cache();
+    let c = common::bounded(1_000);
     let calls = AtomicUsize::new(0);
     let n = 8;
     let barrier = Barrier::new(n);
@@ -54,7 +50,7 @@ fn concurrent_misses_run_the_loader_once_and_share_its_value() {
 
 #[test]
 fn an_error_reaches_every_waiter_and_is_not_cached() {
-    let c = cache();
+    let c = common::bounded(1_000);
     let n = 4;
     let barrier = Barrier::new(n);
     let errors: Vec<Arc<String>> = thread::scope(|s| {
@@ -83,7 +79,7 @@ fn an_error_reaches_every_waiter_and_is_not_cached() {
 
 #[test]
 fn a_panicking_loader_wakes_every_waiter_and_the_next_caller_loads_afresh() {
-    let c = cache();
+    let c = common::bounded(1_000);
     let waiters = 3;
     let leader = {
         let c = c.clone();
@@ -136,7 +132,7 @@ fn a_waiter_past_its_deadline_gets_the_stale_value_and_the_load_carries_on() {
 
 #[test]
 fn a_waiter_past_its_deadline_without_a_stale_value_times_out() {
-    let c = cache();
+    let c = common::bounded(1_000);
     let (release, leader) = held_load(&c, 1, 2);
     let r = c.get_or_load_timeout(&1, Duration::ZERO, |_| Ok::<_, ()>(99));
     assert!(matches!(r, Err(LoadError::Timeout)), "{r:?}");
@@ -147,7 +143,7 @@ fn a_waiter_past_its_deadline_without_a_stale_value_times_out() {
 
 #[test]
 fn forget_detaches_a_load_and_wakes_its_waiters_to_look_again() {
-    let c = cache();
+    let c = common::bounded(1_000);
     let (release, leader) = held_load(&c, 1, 1);
     let (sent, waited) = mpsc::channel();
     {
@@ -172,7 +168,7 @@ fn forget_detaches_a_load_and_wakes_its_waiters_to_look_again() {
 
 #[test]
 fn invalidate_during_a_load_keeps_its_result_out_of_the_cache() {
-    let c = cache();
+    let c = common::bounded(1_000);
     let (release, leader) = held_load(&c, 1, 1);
     assert!(!c.invalidate(&1), "a load in progress is not a value");
     release.send(()).unwrap();
@@ -182,7 +178,7 @@ fn invalidate_during_a_load_keeps_its_result_out_of_the_cache() {
 
 #[test]
 fn insert_during_a_load_wins() {
-    let c = cache();
+    let c = common::bounded(1_000);
     let (release, leader) = held_load(&c, 1, 1);
     c.insert(1, 5);
     release.send(()).unwrap();
@@ -192,7 +188,7 @@ fn insert_during_a_load_wins() {
 
 #[test]
 fn a_loader_that_reenters_for_its_own_key_gets_an_error_not_a_deadlock() {
-    let c = cache();
+    let c = common::bounded(1_000);
     let inner = c.get_or_load(&1, |_| {
         let again = c.get_or_load(&1, |_| Ok::<_, ()>(0));
         assert!(matches!(again, Err(LoadError::Recursive)));
@@ -233,7 +229,7 @@ fn negative_caching_keeps_an_error_for_its_ttl() {
 
 #[test]
 fn a_waiter_with_another_error_type_loads_itself_after_a_failure() {
-    let c = cache();
+    let c = common::bounded(1_000);
     let (release, gate) = mpsc::channel::<()>();
     let leader = {
         let c = c.clone();
@@ -267,7 +263,7 @@ fn a_load_error_converts_with_question_mark_and_reports_its_cause_once() {
         }
         out
     }
-    let c = cache();
+    let c = common::bounded(1_000);
     // Loader errors that are not `std::error::Error` themselves convert too.
     let boxed = || -> Result<u64, Box<dyn std::error::Error + Send + Sync>> {
         Ok(c.get_or_load(&1, |_| Err::<u64, _>("db down".to_owned()))?)
@@ -291,7 +287,7 @@ fn a_load_error_converts_with_question_mark_and_reports_its_cause_once() {
 
 #[test]
 fn an_idle_cache_reports_no_hit_ratio() {
-    let c = cache();
+    let c: C = common::bounded(1_000);
     assert_eq!(c.stats().hit_ratio(), 0.0);
 }
 
@@ -315,7 +311,7 @@ impl std::error::Error for DbDown {}
 #[test]
 fn a_loader_error_is_the_source_and_its_chain_reaches_the_root_cause() {
     use anyhow::Context;
-    let c = cache();
+    let c = common::bounded(1_000);
     let lookup = |id: u64| -> anyhow::Result<u64> {
         Ok(c.get_or_load(&id, |id| {
             Err::<u64, _>(DbDown).with_context(|| format!("loading user {id}"))

@@ -12,6 +12,18 @@ use std::time::{Duration, Instant};
 
 use herdcache::Cache;
 
+/// A cache of `capacity` entries with the default settings, where most tests start.
+pub fn bounded<K, V>(capacity: u64) -> Cache<K, V>
+where
+    K: std::hash::Hash + Eq + Send + Sync + 'static,
+    V: Send + Sync + 'static,
+{
+    Cache::builder()
+        .max_capacity(capacity)
+        .build()
+        .expect("a valid capacity")
+}
+
 /// A value that counts its drops (and its clones, which are drops too when they go).
 #[derive(Debug)]
 pub struct Tracked {
