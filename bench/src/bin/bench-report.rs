@@ -119,8 +119,17 @@ fn lookup(t: &[Throughput], w: &str, c: &str, threads: usize) -> Option<f64> {
         .map(|x| x.ops_per_sec)
 }
 
+/// Millions per second, to three significant digits below 10 (a source-bound run reads
+/// fewer than 100,000 a second).
 fn mops(v: Option<f64>) -> String {
-    v.map_or("–".into(), |v| format!("{:.1}", v / 1e6))
+    v.map_or("–".into(), |v| {
+        let m = v / 1e6;
+        match m {
+            m if m < 1.0 => format!("{m:.3}"),
+            m if m < 10.0 => format!("{m:.2}"),
+            m => format!("{m:.1}"),
+        }
+    })
 }
 
 /// The cache-aside hit ratios the throughput bench wrote: (cache, threads) → ratio.
@@ -183,10 +192,16 @@ fn source_section(
     }
     let _ = writeln!(
         md,
-        "## Cache-aside with a source
-
-Each read goes through the cache's loading call          (herdcache `get_with`, quick_cache `get_or_insert_with`, moka `get_with`; get, then          insert, for `Mutex<LruCache>`); a miss costs a load from a simulated source that          keeps its core busy for 1, 10 or 100 µs, as a remote call keeps a request waiting.          Zipf(1.0) over 1M keys at capacity 100k. Throughput in millions of reads per second;          the hit ratio is the share of reads that cost no load; loads per 1,000 reads are what          the source sees. What the numbers mean: once a miss costs microseconds, the cache          that turns fewer reads into loads is the faster one, whatever its own per-operation          cost, and single flight keeps threads that miss one key together from loading it          twice.
-"
+        "## Cache-aside with a source\n\n\
+         Each read goes through the cache's loading call (herdcache `get_with`, quick_cache \
+         `get_or_insert_with`, moka `get_with`; get, then insert, for `Mutex<LruCache>`); a \
+         miss costs a load from a simulated source that keeps its core busy for 1, 10 or \
+         100 µs, as a remote call keeps a request waiting. Zipf(1.0) over 1M keys at capacity \
+         100k. Throughput in millions of reads per second; the hit ratio is the share of reads \
+         that cost no load; loads per 1,000 reads are what the source sees. What the numbers \
+         mean: once a miss costs microseconds, the cache that turns fewer reads into loads is \
+         the faster one, whatever its own per-operation cost, and single flight keeps threads \
+         that miss one key together from loading it twice.\n"
     );
     let mut micros: Vec<u64> = runs.keys().map(|k| k.1).collect();
     micros.sort_unstable();
