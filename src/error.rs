@@ -122,13 +122,26 @@ impl<E> Clone for LoadError<E> {
     fn clone(&self) -> Self {
         match self {
             LoadError::Failed(e) => LoadError::Failed(Arc::clone(e)),
+            other => other
+                .recast()
+                .expect("only `Failed` carries the loader's error"),
+        }
+    }
+}
+
+impl<E> LoadError<E> {
+    /// This error as one of any loader error type, unless it is `Failed`, the one variant
+    /// that carries the loader's own error.
+    pub(crate) fn recast<F>(&self) -> Option<LoadError<F>> {
+        Some(match self {
+            LoadError::Failed(_) => return None,
             LoadError::Panicked => LoadError::Panicked,
             LoadError::Timeout => LoadError::Timeout,
             LoadError::LoadTimedOut => LoadError::LoadTimedOut,
             LoadError::Recursive => LoadError::Recursive,
             LoadError::Cancelled => LoadError::Cancelled,
             LoadError::NoSpawner => LoadError::NoSpawner,
-        }
+        })
     }
 }
 

@@ -23,15 +23,7 @@ pub(crate) struct Absent;
 impl<E> LoadError<E> {
     /// This error, which is not `Failed`, as a `LoadError<Infallible>`.
     pub(crate) fn map_failed_never(self) -> LoadError<Infallible> {
-        match self {
-            LoadError::Failed(_) => unreachable!("a failed load is handled before"),
-            LoadError::Panicked => LoadError::Panicked,
-            LoadError::Timeout => LoadError::Timeout,
-            LoadError::LoadTimedOut => LoadError::LoadTimedOut,
-            LoadError::Recursive => LoadError::Recursive,
-            LoadError::Cancelled => LoadError::Cancelled,
-            LoadError::NoSpawner => LoadError::NoSpawner,
-        }
+        self.recast().expect("a failed load is handled before")
     }
 }
 
