@@ -135,33 +135,13 @@ where
         F: FnOnce(&K) -> Fut,
         Fut: Future<Output = V>,
     {
-        // As in `get_with`: taken only by a call that leads, which returns or unwinds (its
-        // load runs to the end, past a `load_timeout` too).
-        let mut init = Some(init);
-        loop {
-            let loader = |k: &K| {
-                let fut = init.take().map(|f| f(k));
-                async move {
-                    match fut {
-                        Some(fut) => Ok::<V, Infallible>(fut.await),
-                        None => unreachable!(
-                            "get_with_async's init ran in a call that then looked again"
-                        ),
-                    }
-                }
-            };
-            let loaded = self
-                .load_async(
-                    key,
-                    None::<std::future::Pending<()>>,
-                    loader,
-                    Handoff::ToTheEnd,
-                )
-                .await;
-            match loaded {
-                Ok(v) => return v,
-                Err(e) => Self::retry_infallible(e),
-            }
+        let init = |k: &K| {
+            let fut = init(k);
+            async move { Ok::<V, Infallible>(fut.await) }
+        };
+        match self.load_with_async(key, init, "get_with_async").await {
+            Ok(v) => v,
+            Err(never) => match *never {},
         }
     }
 
@@ -198,17 +178,40 @@ where
         F: FnOnce(&K) -> Fut,
         Fut: Future<Output = Option<V>>,
     {
-        // As in `get_with_async`.
+        let init = |k: &K| {
+            let fut = init(k);
+            async move { fut.await.ok_or(Absent) }
+        };
+        self.load_with_async(key, init, "optionally_get_with_async")
+            .await
+            .ok()
+    }
+
+    /// What `get_with_async` and `optionally_get_with_async` share, as `load_with` for
+    /// threads: `init`'s future is made at most once, in a call that leads, and runs to its
+    /// end (past a `load_timeout` too); a load that ended without a value for another reason
+    /// than `init`'s own error is looked at again.
+    async fn load_with_async<Q, E, F, Fut>(
+        &self,
+        key: &Q,
+        init: F,
+        call: &'static str,
+    ) -> Result<V, Arc<E>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        F: FnOnce(&K) -> Fut,
+        Fut: Future<Output = Result<V, E>>,
+        E: Send + Sync + 'static,
+    {
         let mut init = Some(init);
         loop {
             let loader = |k: &K| {
                 let fut = init.take().map(|f| f(k));
                 async move {
                     match fut {
-                        Some(fut) => fut.await.ok_or(Absent),
-                        None => unreachable!(
-                            "optionally_get_with_async's init ran in a call that then looked again"
-                        ),
+                        Some(fut) => fut.await,
+                        None => unreachable!("{call}'s init ran in a call that then looked again"),
                     }
                 }
             };
@@ -221,8 +224,8 @@ where
                 )
                 .await;
             match loaded {
-                Ok(v) => return Some(v),
-                Err(LoadError::Failed(_)) => return None,
+                Ok(v) => return Ok(v),
+                Err(LoadError::Failed(e)) => return Err(e),
                 Err(e) => Self::retry_infallible(e.map_failed_never()),
             }
         }

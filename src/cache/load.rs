@@ -9,6 +9,7 @@
 use std::borrow::Borrow;
 use std::convert::Infallible;
 use std::hash::{BuildHasher, Hash};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::Cache;
@@ -216,18 +217,9 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         F: FnOnce(&K) -> V,
     {
-        // Taken only by a call that leads, which returns its value or unwinds: a call that
-        // looks again still holds it.
-        let mut init = Some(init);
-        loop {
-            let loaded = self.get_or_load(key, |k| match init.take() {
-                Some(f) => Ok::<V, Infallible>(f(k)),
-                None => unreachable!("get_with's init ran in a call that then looked again"),
-            });
-            match loaded {
-                Ok(v) => return v,
-                Err(e) => Self::retry_infallible(e),
-            }
+        match self.load_with(key, |k| Ok::<V, Infallible>(init(k)), "get_with") {
+            Ok(v) => v,
+            Err(never) => match *never {},
         }
     }
 
@@ -255,24 +247,36 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         F: FnOnce(&K) -> Option<V>,
     {
-        // As in `get_with`: taken only by a call that leads, which returns or unwinds.
+        self.load_with(key, |k| init(k).ok_or(Absent), "optionally_get_with")
+            .ok()
+    }
+
+    /// What `get_with` and `optionally_get_with` share: the value for `key`, or `init`'s own
+    /// error. `init` runs at most once, in a call that leads, which returns or unwinds (a
+    /// call that looks again still holds it); a load that ended without a value for another
+    /// reason is looked at again. `call` names the caller in the message of a broken promise.
+    fn load_with<Q, E, F>(&self, key: &Q, init: F, call: &str) -> Result<V, Arc<E>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        F: FnOnce(&K) -> Result<V, E>,
+        E: Send + Sync + 'static,
+    {
         let mut init = Some(init);
         loop {
             let loaded = self.get_or_load(key, |k| match init.take() {
-                Some(f) => f(k).ok_or(Absent),
-                None => {
-                    unreachable!("optionally_get_with's init ran in a call that then looked again")
-                }
+                Some(f) => f(k),
+                None => unreachable!("{call}'s init ran in a call that then looked again"),
             });
             match loaded {
-                Ok(v) => return Some(v),
-                Err(LoadError::Failed(_)) => return None,
+                Ok(v) => return Ok(v),
+                Err(LoadError::Failed(e)) => return Err(e),
                 Err(e) => Self::retry_infallible(e.map_failed_never()),
             }
         }
     }
 
-    /// What `get_with` and `get_with_async` make of a load that ended without a value: a
+    /// What `load_with` and `load_with_async` make of a load that ended without a value: a
     /// re-entry is a bug in the caller's `init`; anything else is worth another look.
     pub(crate) fn retry_infallible(e: LoadError<Infallible>) {
         match e {

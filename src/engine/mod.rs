@@ -23,7 +23,7 @@ mod sweep;
 
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::Arc;
 
 use crossbeam_epoch::Owned;
@@ -93,7 +93,7 @@ pub(crate) struct Engine<K, V, S> {
     /// follows the Acquire load that found the entry, which the store precedes.
     expiring: AtomicBool,
     /// The capacity now: `settings.max_capacity` until `Cache::set_capacity` changes it.
-    capacity: std::sync::atomic::AtomicU64,
+    capacity: AtomicU64,
     // Dropped last: dropping the domain frees this thread's handle, letting the collector
     // run the destructors of the entries retired above.
     domain: Domain,
@@ -240,7 +240,7 @@ where
                     || settings.time_to_idle.is_some()
                     || settings.negative_ttl.is_some(),
             ),
-            capacity: std::sync::atomic::AtomicU64::new(settings.max_capacity as u64),
+            capacity: AtomicU64::new(settings.max_capacity as u64),
             settings,
             domain,
         })
