@@ -494,6 +494,16 @@ mod models {
         assert_eq!(l.lock().available, l.permits(), "a permit was lost or made");
     }
 
+    /// A limiter of one permit, that permit, and a future queued for it.
+    fn a_future_queued_behind_the_permit() -> (Arc<Limiter>, Permit, Queued) {
+        let l = Arc::new(Limiter::new(1, None));
+        let held = l.try_acquire().expect("a free permit");
+        let mut queued = Queued::default();
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(l.poll_acquire(&mut queued, &mut cx).is_pending());
+        (l, held, queued)
+    }
+
     /// Three threads through one permit: each gets it in turn (a release wakes the first
     /// queued thread, which never misses its unpark), and it ends free.
     #[test]
@@ -519,11 +529,8 @@ mod models {
     #[test]
     fn a_future_leaving_as_the_permit_reaches_it_passes_it_on() {
         loom::model(|| {
-            let l = Arc::new(Limiter::new(1, None));
-            let held = l.try_acquire().expect("a free permit");
-            let mut queued = Queued::default();
+            let (l, held, mut queued) = a_future_queued_behind_the_permit();
             let mut cx = Context::from_waker(Waker::noop());
-            assert!(l.poll_acquire(&mut queued, &mut cx).is_pending());
             let l2 = Arc::clone(&l);
             let behind = loom::thread::spawn(move || drop(l2.acquire(None).expect("no deadline")));
             let releaser = loom::thread::spawn(move || drop(held));
@@ -539,11 +546,8 @@ mod models {
     #[test]
     fn a_future_polled_as_the_permit_reaches_it_collects_it() {
         loom::model(|| {
-            let l = Arc::new(Limiter::new(1, None));
-            let held = l.try_acquire().expect("a free permit");
-            let mut queued = Queued::default();
+            let (l, held, mut queued) = a_future_queued_behind_the_permit();
             let mut cx = Context::from_waker(Waker::noop());
-            assert!(l.poll_acquire(&mut queued, &mut cx).is_pending());
             let releaser = loom::thread::spawn(move || drop(held));
             let early = l.poll_acquire(&mut queued, &mut cx);
             releaser.join().unwrap();

@@ -375,18 +375,25 @@ mod models {
         (Arc::clone(&count), Waker::from(count))
     }
 
+    /// A new model timer, and a sleep on it 10 ms away, polled once (so registered) with a
+    /// waker that counts its wakes.
+    fn a_registered_sleep() -> (&'static Timer, Sleep, Arc<Count>) {
+        let timer = model_timer();
+        let mut sleep = Sleep::on(timer, model_now() + Duration::from_millis(10));
+        let (count, w) = waker();
+        assert!(Pin::new(&mut sleep)
+            .poll(&mut Context::from_waker(&w))
+            .is_pending());
+        (timer, sleep, count)
+    }
+
     /// The instant passes and the timer fires while the task polls again with a new waker:
     /// a poll that returns `Pending` has left a waker the timer wakes, so no wake-up is lost
     /// between the poll's look at the clock and its storing of the waker.
     #[test]
     fn a_poll_racing_the_timer_loses_no_wake_up() {
         loom::model(|| {
-            let timer = model_timer();
-            let mut sleep = Sleep::on(timer, model_now() + Duration::from_millis(10));
-            let (first, w1) = waker();
-            assert!(Pin::new(&mut sleep)
-                .poll(&mut Context::from_waker(&w1))
-                .is_pending());
+            let (timer, mut sleep, first) = a_registered_sleep();
             let fires = loom::thread::spawn(move || {
                 MS.store(10, SeqCst);
                 timer.fire_due();
@@ -415,12 +422,7 @@ mod models {
     #[test]
     fn a_sleep_dropped_as_it_fires_leaves_nothing_behind() {
         loom::model(|| {
-            let timer = model_timer();
-            let mut sleep = Sleep::on(timer, model_now() + Duration::from_millis(10));
-            let (count, w) = waker();
-            assert!(Pin::new(&mut sleep)
-                .poll(&mut Context::from_waker(&w))
-                .is_pending());
+            let (timer, sleep, count) = a_registered_sleep();
             MS.store(10, SeqCst);
             let fires = loom::thread::spawn(move || timer.fire_due());
             drop(sleep);

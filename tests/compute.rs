@@ -18,6 +18,23 @@ fn bump(v: Option<&u64>) -> Compute<u64> {
     Compute::Put(v.map_or(1, |n| n + 1))
 }
 
+/// Starts a compute of `key` that bumps it on another thread, once the returned sender
+/// fires; returns when its closure is running (as `common::held_load` holds a load).
+fn held_compute(c: &C, key: u64) -> (mpsc::Sender<()>, thread::JoinHandle<Computed<u64>>) {
+    let (started, is_started) = mpsc::channel();
+    let (release, gate) = mpsc::channel::<()>();
+    let c = c.clone();
+    let computing = thread::spawn(move || {
+        c.compute(&key, |v| {
+            started.send(()).unwrap();
+            gate.recv().unwrap();
+            bump(v)
+        })
+    });
+    is_started.recv().unwrap();
+    (release, computing)
+}
+
 #[test]
 fn concurrent_computes_lose_no_update() {
     let c = common::bounded(100);
@@ -66,19 +83,7 @@ fn a_compute_waits_for_a_load_in_flight_and_sees_its_value() {
 #[test]
 fn a_load_that_starts_during_a_compute_of_a_missing_key_gets_its_value() {
     let c = common::bounded(100);
-    let (started, is_started) = mpsc::channel();
-    let (release, gate) = mpsc::channel::<()>();
-    let computing = {
-        let c = c.clone();
-        thread::spawn(move || {
-            c.compute(&1, |v| {
-                started.send(()).unwrap();
-                gate.recv().unwrap();
-                bump(v)
-            })
-        })
-    };
-    is_started.recv().unwrap();
+    let (release, computing) = held_compute(&c, 1);
     let loading = {
         let c = c.clone();
         thread::spawn(move || c.get_or_load(&1, |_| Ok::<_, ()>(99)))
@@ -97,19 +102,7 @@ fn a_load_that_starts_during_a_compute_of_a_missing_key_gets_its_value() {
 fn an_insert_during_a_compute_wins() {
     let c = common::bounded(100);
     c.insert(1, 1);
-    let (started, is_started) = mpsc::channel();
-    let (release, gate) = mpsc::channel::<()>();
-    let computing = {
-        let c = c.clone();
-        thread::spawn(move || {
-            c.compute(&1, |v| {
-                started.send(()).unwrap();
-                gate.recv().unwrap();
-                bump(v)
-            })
-        })
-    };
-    is_started.recv().unwrap();
+    let (release, computing) = held_compute(&c, 1);
     // Readers are served the value meanwhile, and an insert is not held up.
     assert_eq!(c.get(&1), Some(1));
     c.insert(1, 50);
