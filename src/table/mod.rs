@@ -198,14 +198,21 @@ impl<K, V> Table<K, V> {
         self.newest(guard).len()
     }
 
+    /// The root array, where every operation starts; debug builds check here that `guard`
+    /// is of this table's collector.
+    #[inline(always)]
+    fn root_array<'g>(&self, guard: &'g VerifiedGuard) -> Shared<'g, SlotArray<K, V>> {
+        debug_assert!(self.owns(guard), "a guard of another collector");
+        // Acquire pairs with the Release CAS of `root` in `help_migration`: the promoted
+        // array's fields, and every copy into it, are visible.
+        self.root.load(Ordering::Acquire, guard)
+    }
+
     /// The newest array whose contents are authoritative: the root, or the target of a
     /// completed migration out of it.
     #[inline]
     fn newest<'g>(&self, guard: &'g VerifiedGuard) -> &'g SlotArray<K, V> {
-        debug_assert!(self.owns(guard), "a guard of another collector");
-        // Acquire pairs with the Release CAS of `root` in `help_migration`: the promoted
-        // array's fields, and every copy into it, are visible.
-        let mut array = self.root.load(Ordering::Acquire, guard);
+        let mut array = self.root_array(guard);
         loop {
             // SAFETY: arrays are retired only after being unlinked from `root` (and from every
             // array that points to them), and we hold the guard, so the pointer is valid.
@@ -242,8 +249,7 @@ impl<K, V> Table<K, V> {
         guard: &'g VerifiedGuard,
     ) -> Option<&'g Node<K, V>> {
         let tag = tag_of(hash);
-        // Acquire: as in `newest`.
-        let mut array = self.root.load(Ordering::Acquire, guard);
+        let mut array = self.root_array(guard);
         loop {
             // SAFETY: see `newest`: reachable arrays are valid under the guard.
             let a = unsafe { array.deref() };
@@ -313,8 +319,8 @@ impl<K, V> Table<K, V> {
     /// array, for a write about to look there (see `prefetch.rs`).
     #[inline]
     pub fn prefetch(&self, hash: u64, guard: &VerifiedGuard) {
-        // Acquire: as in `newest` (the array's `mask`, `tags` and `slots` are read).
-        let array = self.root.load(Ordering::Acquire, guard);
+        // The array's `mask`, `tags` and `slots` are read: `root_array`'s Acquire covers them.
+        let array = self.root_array(guard);
         // SAFETY: see `newest`.
         let a = unsafe { array.deref() };
         let i = (hash as usize) & a.mask;
@@ -352,8 +358,7 @@ impl<K, V> Table<K, V> {
     ) -> Outcome<'g, K, V> {
         let tag = tag_of(hash);
         let mut new = new;
-        // Acquire: as in `newest`.
-        let mut array = self.root.load(Ordering::Acquire, guard);
+        let mut array = self.root_array(guard);
         'arrays: loop {
             // SAFETY: see `newest`.
             let a = unsafe { array.deref() };
@@ -542,7 +547,7 @@ impl<K, V> Table<K, V> {
     /// does, without copying anything: for tests of what the writers that help do.
     #[cfg(test)]
     fn link_migration(&self, guard: &Guard) {
-        // Acquire: as in `newest`.
+        // Acquire: as in `root_array`.
         let array = self.root.load(Ordering::Acquire, guard);
         // SAFETY: see `newest`.
         let a = unsafe { array.deref() };

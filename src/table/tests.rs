@@ -319,3 +319,17 @@ fn an_unprotected_guard_is_refused() {
     // SAFETY: nothing is read or retired through it: `verify` refuses it first.
     let _ = t.verify(unsafe { crossbeam_epoch::unprotected() });
 }
+
+/// A guard verified for one table and handed to another is caught, in debug builds, by the
+/// lookup itself: every operation checks the guard where it starts, at the root array.
+#[test]
+#[cfg(debug_assertions)]
+#[should_panic(expected = "a guard of another collector")]
+fn a_guard_verified_for_another_table_is_caught_by_a_lookup() {
+    let (c1, c2) = (Collector::new(), Collector::new());
+    let t1: Table<u64, u64> = Table::with_capacity(4, &c1);
+    let t2: Table<u64, u64> = Table::with_capacity(4, &c2);
+    let handle = c1.register();
+    let g = handle.pin();
+    let _ = get(&t2, 1, t1.verify(&g));
+}
