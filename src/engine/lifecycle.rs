@@ -510,6 +510,7 @@ where
     /// The miss path up to the loader, for a thread: a hit, a joined flight, a cached error
     /// or a throttled caller end here (`Done`); a caller that wins the install gets the
     /// `Lead` to run.
+    #[inline]
     pub(crate) fn begin<Q, E>(
         self: &Arc<Self>,
         key: &Q,
@@ -521,19 +522,37 @@ where
         E: Send + Sync + 'static,
     {
         let hash = self.hash(key);
-        match self.first_look(key, hash) {
-            Ok(begin) => begin,
-            // A thread's waits block in place: the driver is ready when first polled.
-            Err(wait) => crate::spawn::block_on(self.drive(
-                key,
-                hash,
-                wait,
-                &mut ThreadWaits {
-                    deadline,
-                    permit_by: None,
-                },
-            )),
+        match self.step(key, hash, &mut None) {
+            Step::Begin(begin) => begin,
+            wait => self.begin_waiting(key, hash, wait, deadline),
         }
+    }
+
+    /// `begin` past a first look that must wait: out of line, so that a hit does not carry
+    /// the driver's frame.
+    #[inline(never)]
+    fn begin_waiting<Q, E>(
+        self: &Arc<Self>,
+        key: &Q,
+        hash: u64,
+        wait: Step<K, V, S, E>,
+        deadline: Option<Instant>,
+    ) -> Begin<K, V, S, E>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        E: Send + Sync + 'static,
+    {
+        // A thread's waits block in place: the driver is ready when first polled.
+        crate::spawn::block_on(self.drive(
+            key,
+            hash,
+            wait,
+            &mut ThreadWaits {
+                deadline,
+                permit_by: None,
+            },
+        ))
     }
 
     /// The first look at `key`: a hit, a cached error or a won load end the miss path here,
