@@ -555,9 +555,9 @@ where
         ))
     }
 
-    /// The first look at `key`: a hit, a cached error or a won load end the miss path here,
-    /// without the driver, whose state machine would cost a hit more than the hit itself;
-    /// else the step to `drive` from.
+    /// A future's first look at `key`: a hit, a cached error or a won load end the miss path
+    /// here, without the driver, whose state machine would cost a hit more than the hit
+    /// itself; else the step to `drive` from. (A thread's first look is `begin`'s.)
     #[inline]
     #[allow(clippy::type_complexity)] // two of the miss path's own enums
     pub(crate) fn first_look<Q, E>(
@@ -576,8 +576,8 @@ where
         }
     }
 
-    /// Carries the miss path on from `first` (a wait, see `first_look`) until it has a
-    /// result, waiting as `waits` does, or leads the load.
+    /// Carries the miss path on from `first` (a wait, see `begin` and `first_look`) until it
+    /// has a result, waiting as `waits` does, or leads the load.
     pub(crate) async fn drive<Q, E, W>(
         self: &Arc<Self>,
         key: &Q,

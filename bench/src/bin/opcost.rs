@@ -6,8 +6,10 @@
 //! --ops 200000`, then again with `--ops 400000`. Or count the operations alone, in one run:
 //! `valgrind --tool=callgrind --cache-sim=yes --toggle-collect='*measured*'
 //! target/release/opcost --op insert --ops 200000`, and divide by `--ops` (the pair's
-//! difference also carries the TSC clock's calibration, a wall-clock loop whose length in
-//! instructions differs between runs: about ±10 per `get`). Operations: `insert` (keys never seen,
+//! difference also carries the key generation, which grows with `--ops`, and for herdcache
+//! the TSC clock's calibration, a wall-clock loop whose length in instructions differs
+//! between runs: about ±10 per `get`). Writes vary with the hasher's random seed (where the
+//! table's migrations fall): take the median of several runs. Operations: `insert` (keys never seen,
 //! on a full cache of `--capacity` entries: each evicts), `get` (uniform hits over the
 //! keys the fill left resident, one `get` each), `read-batch` (the same hits read 1,024 at a
 //! time through the cache's batched read: one `pin()` for the batch in
@@ -55,7 +57,7 @@ fn run<C: BenchCache>(op: &str, ops: usize, capacity: u64) {
 }
 
 /// The operations alone, out of line so that callgrind can count them and nothing else
-/// (`--toggle-collect=*measured*`): one run then gives the cost per operation, without the
+/// (`--toggle-collect='*measured*'`): one run then gives the cost per operation, without the
 /// fill, the key generation, or one-time costs such as the TSC clock's calibration, whose
 /// length in instructions varies from run to run.
 #[inline(never)]
