@@ -505,6 +505,7 @@ impl<K, V> Table<K, V> {
 impl<K, V> Table<K, V> {
     /// If `array` has a migration in progress or done, helps finish it, promotes the target
     /// to root, and returns the target; otherwise returns `None`.
+    #[inline]
     fn help_migration<'g>(
         &self,
         array: Shared<'g, SlotArray<K, V>>,
@@ -518,6 +519,22 @@ impl<K, V> Table<K, V> {
         if next.is_null() {
             return None;
         }
+        self.finish_migration(array, next, guard);
+        Some(next)
+    }
+
+    /// `help_migration`'s work once a migration is under way, out of line: every write asks,
+    /// and the answer is almost always no.
+    #[cold]
+    #[inline(never)]
+    fn finish_migration<'g>(
+        &self,
+        array: Shared<'g, SlotArray<K, V>>,
+        next: Shared<'g, SlotArray<K, V>>,
+        guard: &'g VerifiedGuard,
+    ) {
+        // SAFETY: see `newest`.
+        let a = unsafe { array.deref() };
         // SAFETY: `next` is reachable from `a`, so valid under the guard.
         let target = unsafe { next.deref() };
         self.copy_chunks(a, target, guard);
@@ -540,7 +557,6 @@ impl<K, V> Table<K, V> {
             // value's drop writing to a cache), and a panic here may be under a policy lock.
             let _ = OUTGREW.try_with(|o| o.set(true));
         }
-        Some(next)
     }
 
     /// Links a new array of the same size to the newest, as a writer starting a migration
