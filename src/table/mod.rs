@@ -203,7 +203,7 @@ impl<K, V> Table<K, V> {
     #[inline(always)]
     fn root_array<'g>(&self, guard: &'g VerifiedGuard) -> Shared<'g, SlotArray<K, V>> {
         debug_assert!(self.owns(guard), "a guard of another collector");
-        // Acquire pairs with the Release CAS of `root` in `help_migration`: the promoted
+        // Acquire pairs with the Release CAS of `root` in `finish_migration`: the promoted
         // array's fields, and every copy into it, are visible.
         self.root.load(Ordering::Acquire, guard)
     }
@@ -523,8 +523,9 @@ impl<K, V> Table<K, V> {
         Some(next)
     }
 
-    /// `help_migration`'s work once a migration is under way, out of line: every write asks,
-    /// and the answer is almost always no.
+    /// `help_migration`'s work once a migration is under way: copies, waits for the copy to
+    /// complete, promotes `next` and retires `array`. Out of line and cold, since every write
+    /// runs `help_migration`'s check and almost always finds no migration.
     #[cold]
     #[inline(never)]
     fn finish_migration<'g>(
