@@ -51,6 +51,17 @@ fn remove(t: &Table<u64, Pair>, h: &LocalHandle, k: u64) -> Option<u64> {
         .map(|n| n.value.check(k))
 }
 
+/// Removes `k`'s node read at `gen` (the address a policy holds for its victim), if still
+/// current; panics if `k` is not at `gen` when read.
+fn remove_read(t: &Table<u64, Pair>, h: &LocalHandle, k: u64, gen: u64) -> bool {
+    let g = h.pin();
+    let node = t
+        .get(hash(k), |x| *x == k, t.verify(&g))
+        .expect("the key was written");
+    assert_eq!(node.value.check(k), gen);
+    t.remove_node(node, t.verify(&g))
+}
+
 fn setup() -> (Arc<Table<u64, Pair>>, Collector) {
     let c = Collector::new();
     (Arc::new(Table::with_capacity(1, &c)), c)
@@ -108,6 +119,35 @@ fn replace_is_atomic_for_readers() {
     });
 }
 
+/// Removal by address races a replacement of the same key: it removes the node it read only
+/// if that node is still current, so the replacement's value is never lost, and exactly one
+/// of them finds the old node.
+#[test]
+fn removal_by_address_never_removes_a_newer_write() {
+    loom::model(|| {
+        let (t, c) = setup();
+        let h = c.register();
+        put(&t, &h, 3, 1);
+        let g = h.pin();
+        let old = t
+            .get(hash(3), |x| *x == 3, t.verify(&g))
+            .expect("key 3 was written");
+        let (t2, c2) = (Arc::clone(&t), c.clone());
+        let writer = thread::spawn(move || put(&t2, &c2.register(), 3, 2));
+        let removed = t.remove_node(old, t.verify(&g));
+        drop(g);
+        let replaced = writer.join().unwrap();
+        // Either the removal came first (the write then inserted anew) or the write replaced
+        // the node first (and the removal found it gone).
+        assert_eq!(
+            removed,
+            replaced.is_none(),
+            "removed {removed}, write saw {replaced:?}"
+        );
+        assert_eq!(get(&t, &h, 3), Some(2));
+    });
+}
+
 /// Fills the root array up to its claim limit (3/4 of its slots), so that the next insert
 /// of a new key starts a migration.
 fn nearly_full() -> (Arc<Table<u64, Pair>>, Collector, u64) {
@@ -153,5 +193,24 @@ fn migration_races_a_reader_and_a_writer() {
             t.slot_count(t.verify(&h.pin())) > slots_before,
             "no migration happened"
         );
+    });
+}
+
+/// A removal by address races a migration: it finds its node in whichever array holds it
+/// (helping the copy if it meets a frozen slot), and the copy does not bring it back.
+#[test]
+fn removal_by_address_races_a_migration() {
+    let mut builder = loom::model::Builder::new();
+    builder.max_branches = 20_000;
+    builder.check(|| {
+        let (t, c, next_key) = nearly_full();
+        let h = c.register();
+        let (t1, c1) = (Arc::clone(&t), c.clone());
+        let grower = thread::spawn(move || put(&t1, &c1.register(), next_key, 1));
+        assert!(remove_read(&t, &h, 100, 0), "the node was current");
+        grower.join().unwrap();
+        assert_eq!(get(&t, &h, 100), None, "the copy brought the node back");
+        assert_eq!(get(&t, &h, 101), Some(0));
+        assert_eq!(get(&t, &h, next_key), Some(1));
     });
 }

@@ -301,18 +301,60 @@ impl<K, V> Table<K, V> {
     /// Removes `target` if it is still its key's current node. Identity is by address, which
     /// is sound because the caller has held `guard` since it read `target` (so the address
     /// cannot have been reused); no `Eq` of the key runs.
+    ///
+    /// The probe compares slot pointers with `target`'s address and reads neither tag bytes
+    /// nor other nodes: an eviction's removal touches the slots' line alone. It stops at the
+    /// first unclaimed slot (a null pointer without the tombstone bit): claims take the first
+    /// unclaimed slot of the sequence, and a claimed slot is never unclaimed again, so none
+    /// lies before `target`'s.
     pub fn remove_node<'g>(&self, target: &'g Node<K, V>, guard: &'g VerifiedGuard) -> bool {
-        let outcome = self.update_node(
-            target.hash,
-            |n| std::ptr::eq(n, target),
-            None,
-            |cur| match cur {
-                Some(c) if std::ptr::eq(c, target) => Decision::Remove,
-                _ => Decision::Keep,
-            },
-            guard,
-        );
-        matches!(outcome, Outcome::Removed(_))
+        let mut array = self.root_array(guard);
+        'arrays: loop {
+            // SAFETY: see `newest`.
+            let a = unsafe { array.deref() };
+            if let Some(next) = self.help_migration(array, guard) {
+                array = next;
+                continue 'arrays;
+            }
+            for i in Probe::new(target.hash, a.mask) {
+                // Acquire, as in `update_node`: a FROZEN bit seen here comes with the
+                // migration's `next` link (the Release of the freeze in `copy_chunks`).
+                let mut cur = a.slots[i].load(Ordering::Acquire, guard);
+                loop {
+                    if cur.tag() & SlotBits::FROZEN != 0 {
+                        self.start_or_help(array, guard);
+                        continue 'arrays;
+                    }
+                    if !std::ptr::eq(cur.as_raw(), target) {
+                        if cur.is_null() && cur.tag() & SlotBits::TOMBSTONE == 0 {
+                            return false; // unclaimed: `target` is not in this array
+                        }
+                        break; // another key's slot, or a tombstone: keep probing
+                    }
+                    let tomb = Shared::null().with_tag(SlotBits::TOMBSTONE);
+                    // AcqRel and Acquire on failure, as for a removal in `update_node`.
+                    match a.slots[i].compare_exchange(
+                        cur,
+                        tomb,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                        guard,
+                    ) {
+                        Ok(_) => {
+                            // SAFETY: as for a removal in `update_node`: the slot was not
+                            // frozen, so no other array holds `cur`.
+                            unsafe { retire(cur, guard) };
+                            self.len.fetch_sub(1, Ordering::Relaxed);
+                            return true;
+                        }
+                        // Replaced, removed or frozen since: look again.
+                        Err(e) => cur = e.current,
+                    }
+                }
+            }
+            // Every slot probed: `target` is not in this array.
+            return false;
+        }
     }
 
     /// Starts loading the home slot of `hash` (its tag byte and its pointer) in the newest

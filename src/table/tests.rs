@@ -154,6 +154,51 @@ fn update_decisions_and_remove_node_identity() {
     assert_eq!(get(&t, 5, t.verify(&g)), None);
 }
 
+/// Removal by address probes past other keys' slots and tombstones on the same probe
+/// sequence, finds each node wherever its claim put it, and stops at the first unclaimed
+/// slot for a node no longer in the table.
+#[test]
+fn remove_node_finds_nodes_along_a_shared_probe_sequence() {
+    let c = Collector::new();
+    let handle = c.register();
+    let g = handle.pin();
+    let t: Table<u64, u64> = Table::with_capacity(16, &c);
+    let same_home = |k: u64| 7 | (k << 40);
+    let node = |k: u64| Owned::new(Node::new(same_home(k), k, k * 10));
+    for k in 0..6 {
+        assert!(t.insert(node(k), |x| *x == k, t.verify(&g)).is_none());
+    }
+    let find = |k: u64| {
+        t.get(same_home(k), |x| *x == k, t.verify(&g))
+            .expect("the key was written")
+    };
+    let (n1, n3, n5) = (find(1), find(3), find(5));
+    assert!(
+        t.remove_node(n1, t.verify(&g)),
+        "the second claim of the sequence"
+    );
+    assert!(t.remove_node(n3, t.verify(&g)), "past a tombstone");
+    assert!(
+        t.remove_node(n5, t.verify(&g)),
+        "past two tombstones, at the end"
+    );
+    assert!(!t.remove_node(n3, t.verify(&g)), "a node removed already");
+    assert!(
+        !t.remove_node(n5, t.verify(&g)),
+        "stops at the unclaimed slot"
+    );
+    for k in [0, 2, 4] {
+        assert_eq!(find(k).value, k * 10, "key {k} kept");
+    }
+    for k in [1, 3, 5] {
+        assert!(
+            t.get(same_home(k), |x| *x == k, t.verify(&g)).is_none(),
+            "key {k} gone"
+        );
+    }
+    assert_eq!(t.len(), 3);
+}
+
 #[test]
 fn a_table_that_only_grows_frees_the_arrays_it_outgrew() {
     let c = Collector::new();
