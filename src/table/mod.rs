@@ -331,24 +331,10 @@ impl<K, V> Table<K, V> {
                         }
                         break; // another key's slot, or a tombstone: keep probing
                     }
-                    let tomb = Shared::null().with_tag(SlotBits::TOMBSTONE);
-                    // AcqRel and Acquire on failure, as for a removal in `update_node`.
-                    match a.slots[i].compare_exchange(
-                        cur,
-                        tomb,
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                        guard,
-                    ) {
-                        Ok(_) => {
-                            // SAFETY: as for a removal in `update_node`: the slot was not
-                            // frozen, so no other array holds `cur`.
-                            unsafe { retire(cur, guard) };
-                            self.len.fetch_sub(1, Ordering::Relaxed);
-                            return true;
-                        }
+                    match self.entomb(a, i, cur, guard) {
+                        Ok(()) => return true,
                         // Replaced, removed or frozen since: look again.
-                        Err(e) => cur = e.current,
+                        Err(now) => cur = now,
                     }
                 }
             }
@@ -506,27 +492,10 @@ impl<K, V> Table<K, V> {
                                         }
                                     }
                                 }
-                                Decision::Remove => {
-                                    let tomb = Shared::null().with_tag(SlotBits::TOMBSTONE);
-                                    // Release: a thread whose slot load (above, or in
-                                    // `SlotArray::find`) sees the tombstone sees what preceded
-                                    // the removal. Acquire on failure as for a replacement.
-                                    match a.slots[i].compare_exchange(
-                                        cur,
-                                        tomb,
-                                        Ordering::AcqRel,
-                                        Ordering::Acquire,
-                                        guard,
-                                    ) {
-                                        Ok(_) => {
-                                            // SAFETY: as for a replacement above.
-                                            unsafe { retire(cur, guard) };
-                                            self.len.fetch_sub(1, Ordering::Relaxed);
-                                            return Outcome::Removed(node);
-                                        }
-                                        Err(e) => cur = e.current,
-                                    }
-                                }
+                                Decision::Remove => match self.entomb(a, i, cur, guard) {
+                                    Ok(()) => return Outcome::Removed(node),
+                                    Err(now) => cur = now,
+                                },
                             }
                         }
                     }
@@ -539,6 +508,36 @@ impl<K, V> Table<K, V> {
                 return Outcome::Kept(None, new);
             }
             self.start_or_help(array, guard);
+        }
+    }
+}
+
+impl<K, V> Table<K, V> {
+    /// Replaces `cur`, the node in slot `i` of `a`, with a tombstone, and retires it; or
+    /// returns what the slot holds now if that is no longer `cur` (replaced, removed, or
+    /// frozen by a migration).
+    #[inline]
+    fn entomb<'g>(
+        &self,
+        a: &SlotArray<K, V>,
+        i: usize,
+        cur: Shared<'g, Node<K, V>>,
+        guard: &'g Guard,
+    ) -> Result<(), Shared<'g, Node<K, V>>> {
+        let tomb = Shared::null().with_tag(SlotBits::TOMBSTONE);
+        // Release: a thread whose slot load (in `update_node`, `remove_node` or
+        // `SlotArray::find`) sees the tombstone sees what preceded the removal. Acquire on
+        // failure reads the slot's new content for the caller to examine.
+        match a.slots[i].compare_exchange(cur, tomb, Ordering::AcqRel, Ordering::Acquire, guard) {
+            Ok(_) => {
+                // SAFETY: `cur` is now unlinked from this array, and no migration copied it
+                // (the CAS succeeded, so the slot was not frozen), so no other array holds
+                // it: it can be destroyed once current readers unpin.
+                unsafe { retire(cur, guard) };
+                self.len.fetch_sub(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => Err(e.current),
         }
     }
 }
