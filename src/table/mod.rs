@@ -306,7 +306,9 @@ impl<K, V> Table<K, V> {
     /// nor other nodes: an eviction's removal touches the slots' line alone. It stops at the
     /// first unclaimed slot (a null pointer without the tombstone bit): claims take the first
     /// unclaimed slot of the sequence, and a claimed slot is never unclaimed again, so none
-    /// lies before `target`'s.
+    /// lies before `target`'s. The claims before it are visible here: the caller read
+    /// `target` after its claim (Acquire), and an array reached through a migration is
+    /// reached after its copy completed (`migration_complete`, Acquire).
     pub fn remove_node<'g>(&self, target: &'g Node<K, V>, guard: &'g VerifiedGuard) -> bool {
         let mut array = self.root_array(guard);
         'arrays: loop {
@@ -476,10 +478,10 @@ impl<K, V> Table<K, V> {
                                         guard,
                                     ) {
                                         Ok(stored) => {
-                                            // SAFETY: `cur` is now unlinked from this array,
-                                            // and no migration copied it (the slot was not
-                                            // frozen), so no other array holds it: it can be
-                                            // destroyed once current readers unpin.
+                                            // SAFETY: as in `entomb`: unlinked from this
+                                            // array, not copied out of it (the slot was not
+                                            // frozen), and older arrays holding it frozen are
+                                            // unlinked from `root` already.
                                             unsafe { retire(cur, guard) };
                                             // SAFETY: just published, kept alive by the guard.
                                             return Outcome::Replaced(node, unsafe {
@@ -522,7 +524,7 @@ impl<K, V> Table<K, V> {
         a: &SlotArray<K, V>,
         i: usize,
         cur: Shared<'g, Node<K, V>>,
-        guard: &'g Guard,
+        guard: &'g VerifiedGuard,
     ) -> Result<(), Shared<'g, Node<K, V>>> {
         let tomb = Shared::null().with_tag(SlotBits::TOMBSTONE);
         // Release: a thread whose slot load (in `update_node`, `remove_node` or
@@ -531,8 +533,11 @@ impl<K, V> Table<K, V> {
         match a.slots[i].compare_exchange(cur, tomb, Ordering::AcqRel, Ordering::Acquire, guard) {
             Ok(_) => {
                 // SAFETY: `cur` is now unlinked from this array, and no migration copied it
-                // (the CAS succeeded, so the slot was not frozen), so no other array holds
-                // it: it can be destroyed once current readers unpin.
+                // out of it (the CAS succeeded, so the slot was not frozen). An older array
+                // that still holds it frozen was unlinked from `root` before the caller
+                // probed `a` (its `help_migration`), and is retired itself. So once current
+                // readers unpin, no array reaches `cur`: it can be destroyed. `guard` is of
+                // the table's collector (`VerifiedGuard`).
                 unsafe { retire(cur, guard) };
                 self.len.fetch_sub(1, Ordering::Relaxed);
                 Ok(())

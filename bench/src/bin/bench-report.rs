@@ -333,9 +333,10 @@ fn throughput_section(
          (`mixed_90_10`, `insert_churn`, `cache_aside`) pay for one node per insert \
          (its memory recycled through a per-thread pool) and one retirement, and take a lock \
          of the eviction policy (W-TinyLFU's bookkeeping: the sketch, the window, the duel \
-         and the key's record, and its victims' removal from the table by node: about 2,140 \
-         instructions and 13 L1 read misses per insert at capacity, `opcost --op insert` \
-         under cachegrind, against quick_cache's 440 and 2.7). A cache of 100k entries \
+         and the key's record, and its victims' removal from the table by node: about 2,100 \
+         instructions and 11.4 L1 read misses per insert at capacity, `opcost --op insert` \
+         under callgrind counting the operations alone, against quick_cache's 463 and 3.5). \
+         A cache of 100k entries \
          splits its policy into shards \
          with a lock each, so inserts of different keys rarely wait for each other.\n"
     );
