@@ -312,12 +312,9 @@ impl<K, V> Table<K, V> {
     pub fn remove_node<'g>(&self, target: &'g Node<K, V>, guard: &'g VerifiedGuard) -> bool {
         let mut array = self.root_array(guard);
         'arrays: loop {
+            array = self.settled(array, guard);
             // SAFETY: see `newest`.
             let a = unsafe { array.deref() };
-            if let Some(next) = self.help_migration(array, guard) {
-                array = next;
-                continue 'arrays;
-            }
             for i in Probe::new(target.hash, a.mask) {
                 // Acquire, as in `update_node`: a FROZEN bit seen here comes with the
                 // migration's `next` link (the Release of the freeze in `copy_chunks`).
@@ -390,12 +387,9 @@ impl<K, V> Table<K, V> {
         let mut new = new;
         let mut array = self.root_array(guard);
         'arrays: loop {
+            array = self.settled(array, guard);
             // SAFETY: see `newest`.
             let a = unsafe { array.deref() };
-            if let Some(next) = self.help_migration(array, guard) {
-                array = next;
-                continue 'arrays;
-            }
             let mut probe = Probe::new(hash, a.mask);
             let mut index = probe.next();
             while let Some(i) = index {
@@ -512,9 +506,22 @@ impl<K, V> Table<K, V> {
             self.start_or_help(array, guard);
         }
     }
-}
 
-impl<K, V> Table<K, V> {
+    /// A writer's `newest`: `array`, or the array its linked migrations lead to, each helped
+    /// to its end and promoted first. (A migration linked later shows to the write as a
+    /// frozen slot.)
+    #[inline]
+    fn settled<'g>(
+        &self,
+        mut array: Shared<'g, SlotArray<K, V>>,
+        guard: &'g VerifiedGuard,
+    ) -> Shared<'g, SlotArray<K, V>> {
+        while let Some(next) = self.help_migration(array, guard) {
+            array = next;
+        }
+        array
+    }
+
     /// Replaces `cur`, the node in slot `i` of `a`, with a tombstone, and retires it; or
     /// returns what the slot holds now if that is no longer `cur` (replaced, removed, or
     /// frozen by a migration).
@@ -535,7 +542,7 @@ impl<K, V> Table<K, V> {
                 // SAFETY: `cur` is now unlinked from this array, and no migration copied it
                 // out of it (the CAS succeeded, so the slot was not frozen). An older array
                 // that still holds it frozen was unlinked from `root` before the caller
-                // probed `a` (its `help_migration`), and is retired itself. So once current
+                // probed `a` (its `settled`), and is retired itself. So once current
                 // readers unpin, no array reaches `cur`: it can be destroyed. `guard` is of
                 // the table's collector (`VerifiedGuard`).
                 unsafe { retire(cur, guard) };
